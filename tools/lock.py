@@ -40,19 +40,14 @@ def resolve(requirements_in: pathlib.Path) -> list[str]:
         ).stdout
     pins = []
     for line in frozen.splitlines():
-        name = line.split("==")[0].strip().lower()
-        if "==" not in line or name in _SKIP:
-            raise_if_unpinned(line)
+        if not line.strip():
             continue
-        pins.append(line.strip())
+        if "==" not in line:
+            # A URL or path requirement cannot be reinstalled by name: not reproducible.
+            raise SystemExit(f"tools/lock.py: cannot pin {line!r}: install it from the registry")
+        if line.split("==")[0].strip().lower() not in _SKIP:
+            pins.append(line.strip())
     return sorted(pins, key=str.lower)
-
-
-def raise_if_unpinned(line: str) -> None:
-    """Rejects requirements pip could only freeze as a URL or path (not reproducible)."""
-    if line.startswith("pip==") or not line.strip():
-        return
-    raise SystemExit(f"tools/lock.py: cannot pin {line!r}: install it from the registry by name")
 
 
 def main() -> None:
