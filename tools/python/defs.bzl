@@ -41,7 +41,7 @@ def meltemi_library_checks(name, lib, meltemi_deps = []):
     """
     native.filegroup(
         name = "package_files",
-        srcs = native.glob(["pyproject.toml", "README.md", "src/**"], exclude = ["**/__pycache__/**"]),
+        srcs = native.glob(["pyproject.toml", "README.md", "LICENSE", "src/**"], exclude = ["**/__pycache__/**"]),
         visibility = ["//visibility:public"],
     )
     native.filegroup(
