@@ -1,12 +1,42 @@
-"""meltemi.models.
+"""meltemi.models: Llama, Qwen3, MoE, GPT-2 and Gemma on haliax, with Hugging Face interop.
 
-Llama, Qwen3, MoE, GPT-2 and Gemma on haliax, with Hugging Face interop and generation.
-
->>> import meltemi.models
->>> meltemi.models.__version__
-'0.1.0'
+>>> import meltemi.models as mm
+>>> cfg = mm.get_preset("tiny-llama")
+>>> cfg.family, cfg.num_layers
+('llama', 3)
 """
+
+from meltemi.models._config import (
+    ACTIVATIONS,
+    FAMILIES,
+    REMAT_POLICIES,
+    ConfigError,
+    ModelConfig,
+    MoeConfig,
+    RopeConfig,
+)
+from meltemi.models._counting import flops_per_token, param_count
+from meltemi.models._hf_config import HfConfigError, from_hf_config, to_hf_config
+from meltemi.models._presets import get_preset, list_presets
+from meltemi.models._safetensors import SafetensorsError
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "ACTIVATIONS",
+    "FAMILIES",
+    "REMAT_POLICIES",
+    "ConfigError",
+    "HfConfigError",
+    "ModelConfig",
+    "MoeConfig",
+    "RopeConfig",
+    "SafetensorsError",
+    "__version__",
+    "flops_per_token",
+    "from_hf_config",
+    "get_preset",
+    "list_presets",
+    "param_count",
+    "to_hf_config",
+]

@@ -1,0 +1,410 @@
+"""Model configuration: one frozen dataclass for every decoder-only family.
+
+A family is an architecture *recipe* (norm kind, position encoding, MLP kind, biases); the
+config holds the sizes. Every field is validated at construction, so a bad value fails where
+it was written, with the field, the value and the fix in the message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from typing import Any, Literal
+
+FAMILIES = ("llama", "qwen3", "mixtral", "qwen3_moe", "gpt2", "gemma")
+Family = Literal["llama", "qwen3", "mixtral", "qwen3_moe", "gpt2", "gemma"]
+ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")
+REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+MOE_DISPATCH = ("dropless", "capacity")
+
+
+class ConfigError(ValueError):
+    """A model config field holds an invalid value (the message names the field and the fix)."""
+
+
+ConfigError.__module__ = "meltemi.models"
+
+
+def _fail(cls: str, field: str, value: Any, why: str, fix: str) -> None:
+    raise ConfigError(f"{cls}.{field}={value!r}: {why}. Fix: {fix}")
+
+
+def _check_positive_ints(obj: Any, names: tuple[str, ...]) -> None:
+    cls = type(obj).__name__
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            _fail(cls, name, value, "must be a positive int", f"{cls}(..., {name}=8)")
+
+
+def _replace(obj: Any, **changes: Any) -> Any:
+    names = {f.name for f in dataclasses.fields(obj)}
+    for key in changes:
+        if key not in names:
+            close = difflib.get_close_matches(key, sorted(names), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"{type(obj).__name__} has no field {key!r}.{hint} Fields: {sorted(names)}"
+            )
+    return dataclasses.replace(obj, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeConfig:
+    """Rotary position embedding, optionally with Llama 3 frequency scaling.
+
+    Attributes:
+        theta: base period of the rotation frequencies.
+        llama3_factor: Llama 3 scaling factor; `None` means plain RoPE.
+        low_freq_factor: Llama 3 `low_freq_factor`.
+        high_freq_factor: Llama 3 `high_freq_factor`.
+        original_max_position: Llama 3 `original_max_position_embeddings`.
+
+    >>> RopeConfig(theta=500_000.0, llama3_factor=8.0).is_llama3
+    True
+    """
+
+    theta: float = 10_000.0
+    llama3_factor: float | None = None
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+    def __post_init__(self) -> None:
+        if not self.theta > 0:
+            _fail("RopeConfig", "theta", self.theta, "must be > 0", "RopeConfig(theta=10000.0)")
+        if self.llama3_factor is not None and not self.llama3_factor >= 1:
+            _fail(
+                "RopeConfig",
+                "llama3_factor",
+                self.llama3_factor,
+                "must be >= 1 (or None for plain RoPE)",
+                "RopeConfig(llama3_factor=8.0)",
+            )
+        if self.llama3_factor is not None and not self.high_freq_factor > self.low_freq_factor:
+            _fail(
+                "RopeConfig",
+                "high_freq_factor",
+                self.high_freq_factor,
+                f"must exceed low_freq_factor={self.low_freq_factor}",
+                "RopeConfig(low_freq_factor=1.0, high_freq_factor=4.0)",
+            )
+
+    @property
+    def is_llama3(self) -> bool:
+        return self.llama3_factor is not None
+
+    def replace(self, **changes: Any) -> RopeConfig:
+        return _replace(self, **changes)
+
+
+LLAMA3_ROPE = RopeConfig(theta=500_000.0, llama3_factor=8.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeConfig:
+    """Mixture-of-experts settings (Mixtral, Qwen3-MoE).
+
+    Attributes:
+        num_experts: experts per layer (the `experts` axis).
+        top_k: experts each token is routed to.
+        expert_dim: hidden size of each expert's SwiGLU MLP.
+        norm_topk_prob: renormalise the top-k router probabilities to sum to one (Mixtral: yes).
+        dispatch: `"dropless"` (sort by expert + `jax.lax.ragged_dot`, no token is dropped) or
+            `"capacity"` (fixed per-expert buffers of `capacity_factor * tokens * top_k /
+            num_experts` slots per sequence; overflow tokens skip the MLP).
+        capacity_factor: slack of the capacity path.
+        load_balancing_coef: weight of the load-balancing loss in `loss()`.
+        router_z_coef: weight of the router z-loss (mean squared logsumexp of router logits).
+
+    >>> MoeConfig(num_experts=4, top_k=2, expert_dim=16).dispatch
+    'dropless'
+    """
+
+    num_experts: int
+    top_k: int
+    expert_dim: int
+    norm_topk_prob: bool = True
+    dispatch: Literal["dropless", "capacity"] = "dropless"
+    capacity_factor: float = 1.25
+    load_balancing_coef: float = 0.01
+    router_z_coef: float = 0.001
+
+    def __post_init__(self) -> None:
+        _check_positive_ints(self, ("num_experts", "top_k", "expert_dim"))
+        if self.top_k > self.num_experts:
+            _fail(
+                "MoeConfig",
+                "top_k",
+                self.top_k,
+                f"exceeds num_experts={self.num_experts}",
+                f"MoeConfig(..., top_k={self.num_experts}) or more experts",
+            )
+        if self.dispatch not in MOE_DISPATCH:
+            _fail(
+                "MoeConfig",
+                "dispatch",
+                self.dispatch,
+                f"must be one of {MOE_DISPATCH}",
+                'MoeConfig(..., dispatch="dropless")',
+            )
+        if not self.capacity_factor > 0:
+            _fail(
+                "MoeConfig",
+                "capacity_factor",
+                self.capacity_factor,
+                "must be > 0",
+                "MoeConfig(..., capacity_factor=1.25)",
+            )
+        for name in ("load_balancing_coef", "router_z_coef"):
+            if getattr(self, name) < 0:
+                _fail("MoeConfig", name, getattr(self, name), "must be >= 0", f"{name}=0.0")
+
+    def capacity(self, tokens_per_group: int) -> int:
+        """Slots per expert for a group (one sequence) of `tokens_per_group` tokens.
+
+        >>> MoeConfig(num_experts=4, top_k=2, expert_dim=8, capacity_factor=1.0).capacity(10)
+        5
+        """
+        slots = math.ceil(self.capacity_factor * tokens_per_group * self.top_k / self.num_experts)
+        return max(1, min(slots, tokens_per_group))
+
+    def replace(self, **changes: Any) -> MoeConfig:
+        return _replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Sizes and recipe of a decoder-only language model.
+
+    The `family` picks the recipe:
+
+    | family | norm | positions | MLP | extras |
+    |---|---|---|---|---|
+    | llama | RMS | RoPE (opt. Llama 3 scaling) | SwiGLU | GQA |
+    | qwen3 | RMS | RoPE | SwiGLU | GQA + RMS norm on each head's q and k |
+    | mixtral | RMS | RoPE | MoE of SwiGLU experts | GQA |
+    | qwen3_moe | RMS | RoPE | MoE of SwiGLU experts | GQA + QK-norm |
+    | gpt2 | LayerNorm | learned | GELU, biases | fused qkv in HF files |
+    | gemma | RMS with (1 + w) | RoPE | GeGLU | embeddings scaled by sqrt(hidden) |
+
+    Attributes:
+        family: one of `FAMILIES`.
+        vocab_size: vocabulary size (the `vocab` axis).
+        hidden_dim: model width (the `embed` axis).
+        intermediate_dim: dense MLP width (the `mlp` axis); unused by MoE layers.
+        num_layers: transformer blocks (the `layers` axis).
+        num_heads: query heads.
+        num_kv_heads: key/value heads (GQA); must divide `num_heads`.
+        head_dim: per-head size; `None` means `hidden_dim // num_heads`.
+        max_seq_len: longest sequence (size of GPT-2's position table, KV-cache bound).
+        activation: MLP activation (`silu`, `gelu`, `gelu_tanh`, `relu`).
+        norm_eps: epsilon of every norm.
+        rope: rotary settings (ignored by gpt2).
+        tie_embeddings: share the input embedding with the output projection.
+        qk_norm: RMS-normalise each head's queries and keys before RoPE (Qwen3).
+        moe: expert settings for the MoE families, `None` for dense ones.
+        remat: rematerialisation of each scanned block: `none`, `full` (save only block
+            inputs), `dots_saveable`, `dots_with_no_batch_dims_saveable` (jax checkpoint policies).
+        scan_layers: run the blocks with a scan (one compile for all layers) or unrolled.
+        initializer_range: std of the normal initialiser of weight matrices.
+        bos_token_id: kept for HF `config.json` round trips.
+        eos_token_id: kept for HF `config.json` round trips; generation stops on it by default.
+
+    >>> cfg = ModelConfig(family="llama", vocab_size=11, hidden_dim=12, intermediate_dim=20,
+    ...                   num_layers=2, num_heads=3, num_kv_heads=1)
+    >>> cfg.head_size, cfg.replace(num_layers=3).num_layers
+    (4, 3)
+    """
+
+    family: Family
+    vocab_size: int
+    hidden_dim: int
+    intermediate_dim: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int | None = None
+    max_seq_len: int = 4096
+    activation: str = "silu"
+    norm_eps: float = 1e-5
+    rope: RopeConfig = RopeConfig()
+    tie_embeddings: bool = False
+    qk_norm: bool = False
+    moe: MoeConfig | None = None
+    remat: str = "full"
+    scan_layers: bool = True
+    initializer_range: float = 0.02
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            close = difflib.get_close_matches(str(self.family), FAMILIES, n=1)
+            fix = f'family="{close[0]}"' if close else f"one of {FAMILIES}"
+            _fail("ModelConfig", "family", self.family, "unknown family", fix)
+        _check_positive_ints(
+            self,
+            (
+                "vocab_size",
+                "hidden_dim",
+                "intermediate_dim",
+                "num_layers",
+                "num_heads",
+                "num_kv_heads",
+                "max_seq_len",
+            ),
+        )
+        if self.num_heads % self.num_kv_heads:
+            _fail(
+                "ModelConfig",
+                "num_kv_heads",
+                self.num_kv_heads,
+                f"must divide num_heads={self.num_heads} (grouped-query attention)",
+                "pick a divisor, e.g. num_kv_heads=1",
+            )
+        if self.head_dim is None and self.hidden_dim % self.num_heads:
+            _fail(
+                "ModelConfig",
+                "head_dim",
+                None,
+                f"hidden_dim={self.hidden_dim} is not divisible by num_heads={self.num_heads}",
+                "set head_dim explicitly",
+            )
+        if self.head_dim is not None:
+            _check_positive_ints(self, ("head_dim",))
+            if self.head_dim * self.num_heads == self.hidden_dim:
+                # Canonical form: the default head size is spelled `None`, so equal models
+                # compare equal however they were written.
+                object.__setattr__(self, "head_dim", None)
+        if self.uses_rope and self.head_size % 2:
+            _fail(
+                "ModelConfig",
+                "head_dim",
+                self.head_size,
+                "rotary embeddings need an even head size",
+                "use an even head_dim",
+            )
+        if self.activation not in ACTIVATIONS:
+            _fail(
+                "ModelConfig",
+                "activation",
+                self.activation,
+                f"must be one of {ACTIVATIONS}",
+                'activation="silu"',
+            )
+        if self.remat not in REMAT_POLICIES:
+            _fail(
+                "ModelConfig",
+                "remat",
+                self.remat,
+                f"must be one of {REMAT_POLICIES}",
+                'remat="full"',
+            )
+        if not self.norm_eps > 0:
+            _fail("ModelConfig", "norm_eps", self.norm_eps, "must be > 0", "norm_eps=1e-5")
+        is_moe = self.family in ("mixtral", "qwen3_moe")
+        if is_moe and self.moe is None:
+            _fail(
+                "ModelConfig",
+                "moe",
+                None,
+                f"family {self.family!r} is a mixture of experts",
+                "moe=MoeConfig(num_experts=8, top_k=2, expert_dim=...)",
+            )
+        if not is_moe and self.moe is not None:
+            _fail(
+                "ModelConfig",
+                "moe",
+                self.moe,
+                f"family {self.family!r} is dense",
+                'moe=None, or family="mixtral"/"qwen3_moe"',
+            )
+        if self.qk_norm and self.family not in ("qwen3", "qwen3_moe"):
+            _fail(
+                "ModelConfig",
+                "qk_norm",
+                True,
+                f"family {self.family!r} has no QK-norm (Hugging Face could not load it)",
+                'family="qwen3" (or "qwen3_moe")',
+            )
+        if self.family in ("qwen3", "qwen3_moe") and not self.qk_norm:
+            _fail(
+                "ModelConfig",
+                "qk_norm",
+                False,
+                f"family {self.family!r} always has QK-norm",
+                'qk_norm=True, or family="llama"/"mixtral"',
+            )
+
+    # Recipe, derived from the family -------------------------------------------------------
+    @property
+    def head_size(self) -> int:
+        """Per-head size (`head_dim` or `hidden_dim // num_heads`)."""
+        return self.head_dim if self.head_dim is not None else self.hidden_dim // self.num_heads
+
+    @property
+    def norm_kind(self) -> Literal["rms", "rms_one_plus", "layer"]:
+        return {"gpt2": "layer", "gemma": "rms_one_plus"}.get(self.family, "rms")
+
+    @property
+    def uses_rope(self) -> bool:
+        return self.family != "gpt2"
+
+    @property
+    def gated_mlp(self) -> bool:
+        return self.family != "gpt2"
+
+    @property
+    def use_bias(self) -> bool:
+        return self.family == "gpt2"
+
+    @property
+    def scale_embeddings(self) -> bool:
+        return self.family == "gemma"
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
+
+    @property
+    def q_heads_per_group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with `changes` applied; an unknown field name is an error that suggests one.
+
+        >>> from meltemi.models import get_preset
+        >>> get_preset("tiny-llama").replace(num_layer=3)
+        Traceback (most recent call last):
+        ...
+        meltemi.models.ConfigError: ... no field 'num_layer'. Did you mean 'num_layers'? ...
+        """
+        return _replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict (nested configs as dicts); inverse of `from_dict`."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        """Builds a config from `to_dict` output; unknown keys are an error naming them.
+
+        >>> from meltemi.models import get_preset
+        >>> cfg = get_preset("tiny-mixtral")
+        >>> ModelConfig.from_dict(cfg.to_dict()) == cfg
+        True
+        """
+        data = dict(data)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(
+                f"ModelConfig.from_dict: unknown keys {unknown}; known: {sorted(names)}"
+            )
+        if isinstance(data.get("rope"), dict):
+            data["rope"] = RopeConfig(**data["rope"])
+        if isinstance(data.get("moe"), dict):
+            data["moe"] = MoeConfig(**data["moe"])
+        return cls(**data)

@@ -1,0 +1,67 @@
+"""Hugging Face side of the parity tests: tiny random transformers models built locally.
+
+Nothing here touches the network: models are built from configs (never from the hub), on the
+CPU, in float32.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import torch
+import transformers
+
+from meltemi.models import ModelConfig, to_hf_config
+
+transformers.logging.set_verbosity_error()
+torch.manual_seed(0)
+
+
+def hf_config(config: ModelConfig) -> transformers.PretrainedConfig:
+    d = to_hf_config(config)
+    model_type = d.pop("model_type")
+    d.pop("architectures")
+    return transformers.AutoConfig.for_model(model_type, **d)
+
+
+def hf_param_count(config: ModelConfig) -> int:
+    """Parameters of the HF model for `config`, built on the meta device (no memory)."""
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf_config(config))
+    return sum(p.numel() for p in model.parameters())
+
+
+def random_hf_model(config: ModelConfig, seed: int = 0) -> torch.nn.Module:
+    """A randomly initialised HF model; norm weights are randomised too so that a missed
+    (1 + w) convention or an unloaded norm cannot hide behind weights of one."""
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config(config))
+    model = model.float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+            else:
+                p.copy_(0.2 * torch.randn_like(p))
+    return model
+
+
+def save_hf(model: torch.nn.Module, directory: pathlib.Path, **kwargs) -> pathlib.Path:
+    model.save_pretrained(directory, **kwargs)
+    return directory
+
+
+def load_hf(directory: pathlib.Path) -> torch.nn.Module:
+    return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+
+
+def hf_logits(model: torch.nn.Module, tokens: np.ndarray, mask: np.ndarray | None = None):
+    with torch.no_grad():
+        kwargs = {}
+        if mask is not None:
+            kwargs["attention_mask"] = torch.tensor(mask, dtype=torch.long)
+        out = model(torch.tensor(np.asarray(tokens), dtype=torch.long), **kwargs)
+    return out.logits.float().numpy()
