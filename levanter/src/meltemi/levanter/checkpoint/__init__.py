@@ -1,0 +1,35 @@
+"""Checkpoints of the train state: orbax, asynchronous, atomically committed, verified.
+
+Example:
+    >>> from meltemi.levanter.checkpoint import RetentionPolicy
+    >>> RetentionPolicy(save_every_steps=5).kind(10)
+    'temporary'
+"""
+
+from meltemi.levanter.checkpoint._manager import (
+    KINDS,
+    MANIFEST,
+    Checkpointer,
+    CheckpointError,
+    CorruptCheckpointWarning,
+    RetentionPolicy,
+    flatten_state,
+    read_manifest,
+    step_dir,
+    unflatten_state,
+    verify_checkpoint,
+)
+
+__all__ = [
+    "KINDS",
+    "MANIFEST",
+    "CheckpointError",
+    "Checkpointer",
+    "CorruptCheckpointWarning",
+    "RetentionPolicy",
+    "flatten_state",
+    "read_manifest",
+    "step_dir",
+    "unflatten_state",
+    "verify_checkpoint",
+]

@@ -1,0 +1,424 @@
+"""Asynchronous, atomically committed checkpoints with retention and corruption checks.
+
+Layout of a run's checkpoint directory:
+
+    checkpoints/step_00000100/state/...          orbax (OCDBT) arrays, by flattened path
+    checkpoints/step_00000100/config/...         the resolved config (JSON)
+    checkpoints/step_00000100/meltemi.json       the completion manifest (written last)
+
+Orbax writes each step into a temporary directory and renames it when every array is on
+disk; the manifest is written after that rename, so a checkpoint without a manifest is torn
+(the process died mid-save) and is never restored. The manifest lists every file with its size
+(and SHA-256), so a file truncated or altered later is detected and the previous checkpoint is
+used instead, with a warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import re
+import shutil
+import threading
+import time
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "meltemi.json"
+KINDS = ("temporary", "permanent", "final")
+_STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint, or a checkpoint that does not fit the state it is restored into."""
+
+
+class CorruptCheckpointWarning(UserWarning):
+    """A checkpoint was torn or corrupt and an earlier one is used instead."""
+
+
+def step_dir(directory: str | os.PathLike, step: int) -> pathlib.Path:
+    """The directory of the checkpoint taken after `step` steps.
+
+    Example:
+        >>> step_dir("/tmp/run/checkpoints", 42).name
+        'step_00000042'
+    """
+    return pathlib.Path(directory) / f"step_{step:08d}"
+
+
+def flatten_state(tree: Any) -> dict[str, Any]:
+    """`{"dotted.path": array}` for every array leaf of a pytree (other leaves are static).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> sorted(flatten_state({"params": {"w": jnp.zeros(3)}, "step": jnp.int32(0), "n": 3}))
+        ['params.w', 'step']
+    """
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if isinstance(leaf, (jax.Array, np.ndarray, jax.ShapeDtypeStruct)):
+            out[jax.tree_util.keystr(path, simple=True, separator=".")] = leaf
+    return out
+
+
+def unflatten_state(template: Any, flat: Mapping[str, Any]) -> Any:
+    """Puts `flat`'s arrays back into `template`'s structure (the inverse of `flatten_state`)."""
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
+    out = []
+    for path, leaf in leaves:
+        key = jax.tree_util.keystr(path, simple=True, separator=".")
+        out.append(flat[key] if key in flat else leaf)
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _hash(path: pathlib.Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _files(root: pathlib.Path) -> list[pathlib.Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def _write_manifest(root: pathlib.Path, step: int, kind: str, arrays: dict, verify: str) -> None:
+    files = {}
+    for path in _files(root):
+        entry = {"size": path.stat().st_size}
+        if verify == "sha256":
+            entry["sha256"] = _hash(path)
+        files[str(path.relative_to(root))] = entry
+    manifest = {"step": step, "kind": kind, "time": time.time(), "files": files, "arrays": arrays}
+    tmp = root / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    os.replace(tmp, root / MANIFEST)
+
+
+def read_manifest(root: str | os.PathLike) -> dict | None:
+    """The completion manifest of a checkpoint directory, or None if it is torn."""
+    path = pathlib.Path(root) / MANIFEST
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def verify_checkpoint(root: str | os.PathLike) -> str | None:
+    """Returns why the checkpoint at `root` is unusable, or None if it is complete and intact."""
+    root = pathlib.Path(root)
+    manifest = read_manifest(root)
+    if manifest is None:
+        return f"{root} has no readable {MANIFEST} (the save did not complete)"
+    for name, entry in manifest["files"].items():
+        path = root / name
+        if not path.is_file():
+            return f"{path} is missing"
+        if path.stat().st_size != entry["size"]:
+            return f"{path} has {path.stat().st_size} bytes, the manifest says {entry['size']}"
+        if "sha256" in entry and _hash(path) != entry["sha256"]:
+            return f"{path} does not match its SHA-256 in the manifest"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class RetentionPolicy:
+    """When to save and what to keep.
+
+    Attributes:
+        save_every_steps: a temporary checkpoint every N steps (0: never by steps).
+        save_every_minutes: a temporary checkpoint when M minutes passed since the last one.
+        keep_every_steps: steps divisible by K are saved and kept for good (0: none).
+
+    Only the newest temporary checkpoint is kept; permanent and final ones are never deleted.
+
+    Example:
+        >>> policy = RetentionPolicy(save_every_steps=10, keep_every_steps=25)
+        >>> [policy.kind(s) for s in (10, 25, 30)]
+        ['temporary', 'permanent', 'temporary']
+    """
+
+    save_every_steps: int = 0
+    save_every_minutes: float = 0.0
+    keep_every_steps: int = 0
+
+    def kind(self, step: int) -> str | None:
+        """The kind of checkpoint due after `step` steps by step count, or None."""
+        if self.keep_every_steps and step % self.keep_every_steps == 0:
+            return "permanent"
+        if self.save_every_steps and step % self.save_every_steps == 0:
+            return "temporary"
+        return None
+
+
+class Checkpointer:
+    """Saves and restores the train state of one run.
+
+    Args:
+        directory: where the `step_XXXXXXXX` directories live.
+        policy: when to save and what to keep.
+        async_save: write arrays in the background (the step loop only waits for the
+            device-to-host copy).
+        verify: what the manifest records and restore checks: "sizes" or "sha256".
+
+    Example:
+        >>> import tempfile, jax.numpy as jnp
+        >>> ckpt = Checkpointer(tempfile.mkdtemp(), RetentionPolicy(save_every_steps=2))
+        >>> ckpt.save(2, {"w": jnp.arange(3.0)}, config_json="{}")
+        >>> ckpt.wait()
+        >>> step, state = ckpt.restore({"w": jnp.zeros(3)})
+        >>> step, state["w"].tolist()
+        (2, [0.0, 1.0, 2.0])
+        >>> ckpt.close()
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        policy: RetentionPolicy = RetentionPolicy(),
+        *,
+        async_save: bool = True,
+        verify: str = "sha256",
+    ):
+        if verify not in ("sizes", "sha256"):
+            raise ValueError(f'checkpoint.verify={verify!r}: use "sizes" or "sha256".')
+        self.directory = pathlib.Path(directory).absolute()
+        self.policy = policy
+        self.verify = verify
+        self._primary = jax.process_index() == 0
+        if self._primary:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        handler = ocp.CompositeCheckpointHandler()
+        self._ckptr = ocp.AsyncCheckpointer(handler) if async_save else ocp.Checkpointer(handler)
+        self._finisher: threading.Thread | None = None
+        self._finish_error: BaseException | None = None
+        self._last_save_time = time.monotonic()
+        self.last_blocking_s = 0.0
+        if self._primary:
+            self._remove_torn_temporaries()
+
+    def _remove_torn_temporaries(self) -> None:
+        # Orbax writes into `<step dir>.orbax-checkpoint-tmp-*` and renames on commit; such
+        # directories left behind belong to saves killed midway.
+        for path in self.directory.glob("step_*.orbax-checkpoint-tmp*"):
+            shutil.rmtree(path, ignore_errors=True)
+
+    # -- saving -------------------------------------------------------------------------------
+
+    def due(self, step: int) -> str | None:
+        """The kind of checkpoint to take after `step` steps (by steps or minutes), or None."""
+        kind = self.policy.kind(step)
+        if kind is None and self.policy.save_every_minutes > 0:
+            if time.monotonic() - self._last_save_time >= 60 * self.policy.save_every_minutes:
+                kind = "temporary"
+        return kind
+
+    def save(self, step: int, state: Any, *, config_json: str, kind: str = "temporary") -> None:
+        """Starts saving `state` as the checkpoint after `step` steps; returns once arrays are
+        copied off the devices. All processes must call it (it is collective)."""
+        if kind not in KINDS:
+            raise ValueError(f"kind={kind!r}: use one of {KINDS}")
+        start = time.perf_counter()
+        self._join()
+        root = step_dir(self.directory, step)
+        if root.exists():
+            if read_manifest(root) is not None:
+                # Already saved (e.g. a final save right after a periodic one); just re-tag it.
+                if self._primary and kind != "temporary":
+                    self._retag(root, kind)
+                return
+            if self._primary:
+                shutil.rmtree(root)
+        flat = flatten_state(state)
+        arrays = {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in flat.items()}
+        self._ckptr.save(
+            root,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(flat),
+                config=ocp.args.JsonSave(json.loads(config_json)),
+            ),
+        )
+        self._last_save_time = time.monotonic()
+        self.last_blocking_s = time.perf_counter() - start
+        self._finisher = threading.Thread(
+            target=self._finish, args=(root, step, kind, arrays), daemon=False
+        )
+        self._finisher.start()
+
+    def _finish(self, root: pathlib.Path, step: int, kind: str, arrays: dict) -> None:
+        try:
+            self._ckptr.wait_until_finished()
+            if self._primary:
+                _write_manifest(root, step, kind, arrays, self.verify)
+                self._prune(keep=step)
+        except BaseException as e:  # surfaced on the next save/wait
+            self._finish_error = e
+
+    def _retag(self, root: pathlib.Path, kind: str) -> None:
+        manifest = read_manifest(root)
+        manifest["kind"] = kind
+        tmp = root / (MANIFEST + ".tmp")
+        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        os.replace(tmp, root / MANIFEST)
+
+    def _prune(self, keep: int) -> None:
+        for step in self.all_steps():
+            if step == keep:
+                continue
+            manifest = read_manifest(step_dir(self.directory, step))
+            if manifest is not None and manifest["kind"] == "temporary" and step < keep:
+                shutil.rmtree(step_dir(self.directory, step), ignore_errors=True)
+
+    def _join(self) -> None:
+        if self._finisher is not None:
+            self._finisher.join()
+            self._finisher = None
+        if self._finish_error is not None:
+            error, self._finish_error = self._finish_error, None
+            raise CheckpointError(f"saving a checkpoint failed: {error}") from error
+
+    def wait(self) -> None:
+        """Blocks until the last save is committed (manifest written, old ones pruned)."""
+        self._join()
+
+    def close(self) -> None:
+        """Waits for pending saves and releases the checkpointer."""
+        self._join()
+        self._ckptr.close()
+
+    # -- restoring ----------------------------------------------------------------------------
+
+    def all_steps(self) -> list[int]:
+        """Steps with a checkpoint directory (complete or not), ascending."""
+        if not self.directory.is_dir():
+            return []
+        steps = [_STEP_DIR.match(p.name) for p in self.directory.iterdir() if p.is_dir()]
+        return sorted(int(m.group(1)) for m in steps if m)
+
+    def complete_steps(self) -> list[int]:
+        """Steps whose checkpoint has a completion manifest, ascending."""
+        return [s for s in self.all_steps() if read_manifest(step_dir(self.directory, s))]
+
+    def latest_step(self) -> int | None:
+        """The newest step with a completion manifest, or None."""
+        steps = self.complete_steps()
+        return steps[-1] if steps else None
+
+    def read_config(self, step: int) -> dict:
+        """The resolved config saved with the checkpoint of `step`."""
+        result = self._ckptr.restore(
+            step_dir(self.directory, step), args=ocp.args.Composite(config=ocp.args.JsonRestore())
+        )
+        return result.config
+
+    def restore(self, template: Any, step: int | None = None) -> tuple[int, Any]:
+        """Restores the newest intact checkpoint (or `step`) into `template`'s structure.
+
+        `template`'s array leaves may be arrays or `jax.ShapeDtypeStruct`s; their shardings
+        decide where the restored arrays live, so a checkpoint restores onto any mesh.
+        A torn or corrupt checkpoint is skipped with a `CorruptCheckpointWarning`.
+
+        Returns:
+            `(step, state)`.
+
+        Raises:
+            CheckpointError: no intact checkpoint, or one whose arrays differ from `template`.
+        """
+        self._join()
+        candidates = [step] if step is not None else list(reversed(self.all_steps()))
+        if not candidates:
+            raise CheckpointError(f"no checkpoint under {self.directory}")
+        problems = []
+        for candidate in candidates:
+            root = step_dir(self.directory, candidate)
+            problem = verify_checkpoint(root) if root.is_dir() else f"{root} does not exist"
+            if problem is None:
+                try:
+                    return candidate, self._restore_dir(root, template)
+                except CheckpointError:
+                    raise
+                except Exception as e:  # orbax/tensorstore: unreadable data
+                    problem = f"{root} could not be read: {type(e).__name__}: {e}"
+            problems.append(problem)
+            if step is None and len(candidates) > 1:
+                warnings.warn(
+                    f"skipping checkpoint step {candidate}: {problem}; trying an earlier one.",
+                    CorruptCheckpointWarning,
+                    stacklevel=2,
+                )
+        raise CheckpointError(
+            f"no intact checkpoint under {self.directory}: " + "; ".join(problems)
+        )
+
+    def _restore_dir(self, root: pathlib.Path, template: Any) -> Any:
+        flat = flatten_state(template)
+        saved = read_manifest(root)["arrays"]
+        if set(saved) != set(flat):
+            missing = sorted(set(flat) - set(saved))
+            extra = sorted(set(saved) - set(flat))
+            raise CheckpointError(
+                f"{root} does not fit the train state: missing {missing[:8]}, unexpected "
+                f"{extra[:8]}. To start from its weights with another model or optimizer, use "
+                f"`--config.checkpoint.init_from={root}` in a new run_dir."
+            )
+        for key, value in flat.items():
+            if list(value.shape) != saved[key]["shape"]:
+                raise CheckpointError(
+                    f"{root}: array {key} has shape {saved[key]['shape']} in the checkpoint but "
+                    f"{list(value.shape)} in the train state; was the model config changed?"
+                )
+        abstract = {k: _abstract(v) for k, v in flat.items()}
+        result = self._ckptr.restore(
+            root, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))
+        )
+        return unflatten_state(template, result.state)
+
+    def restore_arrays(self, root: str | os.PathLike, wanted: Mapping[str, Any]) -> dict:
+        """Restores the arrays of checkpoint `root` named in `wanted` (name -> template).
+
+        Names absent from the checkpoint are left out of the result: callers (warm start)
+        initialise and report them.
+        """
+        root = pathlib.Path(root)
+        problem = verify_checkpoint(root)
+        if problem is not None:
+            raise CheckpointError(f"cannot warm start from {root}: {problem}")
+        saved = read_manifest(root)["arrays"]
+        abstract = {k: _abstract(v) for k, v in wanted.items() if k in saved}
+        for key, value in abstract.items():
+            if list(value.shape) != saved[key]["shape"]:
+                raise CheckpointError(
+                    f"cannot warm start {key} from {root}: shape {saved[key]['shape']} there, "
+                    f"{list(value.shape)} here."
+                )
+        handler = ocp.PyTreeCheckpointHandler()
+        with ocp.Checkpointer(handler) as reader:
+            restore_args = jax.tree.map(
+                lambda v: ocp.ArrayRestoreArgs(sharding=v.sharding, dtype=v.dtype), abstract
+            )
+            return reader.restore(
+                root / "state",
+                args=ocp.args.PyTreeRestore(
+                    item=abstract, restore_args=restore_args, partial_restore=True
+                ),
+            )
+
+
+def _abstract(value: Any) -> jax.ShapeDtypeStruct:
+    sharding = getattr(value, "sharding", None)
+    if sharding is None:
+        sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding)

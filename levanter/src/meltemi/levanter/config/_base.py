@@ -1,0 +1,118 @@
+"""The trainer's defaults: every key the trainer reads, with its default value."""
+
+from __future__ import annotations
+
+import ml_collections
+
+# Mesh axes, outermost first. `replica` and `data` are pure data parallelism, `fsdp` shards
+# parameters and optimizer state too, `tensor` shards within a layer, `expert` shards experts.
+MESH_AXES = ("replica", "data", "fsdp", "expert", "tensor")
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """Returns the trainer's defaults, unlocked, for a config file to start from.
+
+    Every key the trainer reads exists here, so a typo in a config file or on the command line
+    is an error rather than a silently ignored field. Config files change values, never add keys.
+
+    Example:
+        >>> from meltemi.levanter.config import base_config
+        >>> config = base_config()
+        >>> config.trainer.num_train_steps, config.mesh.ici.data
+        (1000, -1)
+    """
+    c = ml_collections.ConfigDict()
+    c.name = "run"
+    # Empty: `runs/<name>` under the directory the command was started from.
+    c.run_dir = ""
+
+    c.trainer = ml_collections.ConfigDict()
+    c.trainer.num_train_steps = 1000
+    c.trainer.seed = 0
+    c.trainer.train_batch_size = 8
+    # Batch-size schedule "STEP:SIZE,STEP:SIZE" (e.g. "0:8,100:16"); empty: train_batch_size.
+    c.trainer.batch_schedule = ""
+    # Gradient accumulation: each step's batch is split into this many microbatches.
+    c.trainer.microbatches = 1
+    c.trainer.param_dtype = "float32"
+    c.trainer.compute_dtype = "float32"
+    # Rematerialisation of the layer stack: none, full, save_carries or offload_carries.
+    c.trainer.remat = "none"
+    c.trainer.z_loss = 1e-4
+    c.trainer.log_every = 1
+    c.trainer.progress_bar = True
+    # Peak FLOP/s per device for MFU; 0 measures a matmul at start-up.
+    c.trainer.peak_flops_per_device = 0.0
+
+    c.eval = ml_collections.ConfigDict()
+    # 0: evaluate only at the end of training.
+    c.eval.every_steps = 0
+    c.eval.num_batches = 4
+    c.eval.batch_size = 8
+
+    c.checkpoint = ml_collections.ConfigDict()
+    c.checkpoint.enabled = True
+    # Rolling temporary checkpoints: every N steps and/or every M minutes (0 turns one off);
+    # only the latest temporary checkpoint is kept.
+    c.checkpoint.save_every_steps = 100
+    c.checkpoint.save_every_minutes = 0.0
+    # Permanent checkpoints every K steps (0: none); the final checkpoint is always kept.
+    c.checkpoint.keep_every_steps = 0
+    c.checkpoint.async_save = True
+    # "sizes" or "sha256": what the completion manifest of each checkpoint records and checks.
+    c.checkpoint.verify = "sha256"
+    # Warm start: a checkpoint directory whose parameters initialise a fresh run.
+    c.checkpoint.init_from = ""
+
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.num_slices = 1
+    c.mesh.ici = ml_collections.ConfigDict({a: (-1 if a == "data" else 1) for a in MESH_AXES})
+    c.mesh.dcn = ml_collections.ConfigDict({a: (-1 if a == "data" else 1) for a in MESH_AXES})
+
+    c.model = ml_collections.ConfigDict()
+    # A preset name of meltemi.models (e.g. "llama-tiny", "marin-32b"); fields below that are
+    # set (non-zero) override the preset.
+    c.model.preset = "llama-tiny"
+    c.model.family = ""
+    c.model.hidden_dim = 0
+    c.model.intermediate_dim = 0
+    c.model.num_layers = 0
+    c.model.num_heads = 0
+    c.model.num_kv_heads = 0
+    c.model.head_dim = 0
+    c.model.seq_len = 0
+
+    c.optimizer = ml_collections.ConfigDict()
+    c.optimizer.name = "adamw"
+    c.optimizer.learning_rate = 3e-3
+    c.optimizer.min_lr_ratio = 0.1
+    c.optimizer.schedule = "wsd"
+    c.optimizer.warmup = 0.05
+    c.optimizer.decay = 0.4
+    c.optimizer.beta1 = 0.9
+    c.optimizer.beta2 = 0.95
+    c.optimizer.epsilon = 1e-8
+    c.optimizer.weight_decay = 0.1
+    c.optimizer.max_grad_norm = 1.0
+    c.optimizer.skip_step = False
+    c.optimizer.skip_window = 128
+    c.optimizer.skip_sigma = 2.0
+    c.optimizer.ema_beta = 0.0
+
+    c.data = ml_collections.ConfigDict()
+    # "stdlib": the Python standard library source shipped with the interpreter.
+    c.data.source = "stdlib"
+    c.data.tokenizer = "byte"
+    c.data.seq_len = 128
+    # Empty: ~/.cache/meltemi/data (or $MELTEMI_CACHE/data).
+    c.data.cache_dir = ""
+    c.data.shuffle_seed = 0
+    # Caps the corpus for quick runs (0: all of it).
+    c.data.max_documents = 0
+
+    c.logging = ml_collections.ConfigDict()
+    c.logging.tensorboard = False
+    c.logging.wandb = False
+    c.logging.wandb_project = "meltemi"
+    c.logging.wandb_mode = "offline"
+    return c

@@ -1,0 +1,22 @@
+"""Where a run reports: metrics.jsonl, TensorBoard event files, the progress bar, the loss PNG.
+
+Example:
+    >>> from meltemi.levanter.tracking import REQUIRED_KEYS
+    >>> REQUIRED_KEYS[:2]
+    ('step', 'train/loss')
+"""
+
+from meltemi.levanter.tracking._jsonl import REQUIRED_KEYS, MetricsWriter, read_metrics
+from meltemi.levanter.tracking._plot import plot_loss_curve
+from meltemi.levanter.tracking._progress import ProgressBar
+from meltemi.levanter.tracking._tensorboard import TensorBoardWriter, crc32c
+
+__all__ = [
+    "REQUIRED_KEYS",
+    "MetricsWriter",
+    "ProgressBar",
+    "TensorBoardWriter",
+    "crc32c",
+    "plot_loss_curve",
+    "read_metrics",
+]
