@@ -1,0 +1,385 @@
+"""Building a token store: shards in parallel, a ledger for resuming, an atomic finalise.
+
+The plan (which files go in which shard) is a pure function of the sources and options and is
+saved in build.json. Each shard is written to a temporary directory and renamed into place;
+only then does the parent append the shard's line to ledger.jsonl. A rerun skips the shards the
+ledger lists and redoes the others, so a killed build loses and duplicates nothing. meta.json
+is written last (write to a temporary name, then rename): a store without it does not open.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import tensorstore as ts
+
+from meltemi.data._clean import CleanPolicy, ngram_hashes, truncate_runs
+from meltemi.data._parallel import Executor, make_executor
+from meltemi.data._sources import Source, _file_stat
+from meltemi.data._store import FORMAT, StoreError, TokenStore, kvstore_spec, zarr_spec
+from meltemi.data._tokenizer import Tokenizer
+
+__all__ = ["build_store"]
+
+_MAX_PROBLEMS = 20  # problem locations kept per shard in the ledger
+
+
+def _token_dtype(vocab_size: int) -> str:
+    return "uint16" if vocab_size <= 1 << 16 else "uint32"
+
+
+def _write_array(base, sub: str, data: np.ndarray, dtype: str, chunk: int) -> None:
+    spec = {
+        **zarr_spec(base, sub),
+        "metadata": {
+            "shape": [len(data)],
+            "data_type": dtype,
+            "chunk_grid": {
+                "name": "regular",
+                "configuration": {"chunk_shape": [max(1, min(chunk, len(data) or 1))]},
+            },
+            "codecs": [
+                {"name": "bytes", "configuration": {"endian": "little"}},
+                {"name": "zstd", "configuration": {"level": 3}},
+            ],
+        },
+        "create": True,
+        "delete_existing": True,
+    }
+    arr = ts.open(spec).result()
+    if len(data):
+        arr.write(data.astype(dtype)).result()
+
+
+@dataclasses.dataclass(frozen=True)
+class _ShardTask:
+    path: str
+    shard: int
+    source: Source
+    files: tuple[str, ...]
+    tokenizer: Tokenizer
+    policy: CleanPolicy
+    chunk_tokens: int
+    eval_hashes: np.ndarray | None
+
+
+def _clean(doc, policy: CleanPolicy, counts: collections.Counter) -> tuple[str | None, str]:
+    """Applies the policy: (text to keep or None, why it was dropped); counts every action."""
+    if doc.problem is not None:
+        counts["malformed"] += 1
+        return None, doc.problem
+    text = doc.text
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            if policy.invalid_utf8 == "skip":
+                counts["invalid_utf8_skipped"] += 1
+                return None, "invalid UTF-8"
+            counts["invalid_utf8_replaced"] += 1
+            text = text.decode("utf-8", errors="replace")
+    if len(text) > policy.max_document_chars:
+        counts["truncated_long"] += 1
+        text = text[: policy.max_document_chars]
+    text, cut = truncate_runs(text, policy.max_run)
+    if cut:
+        counts["truncated_runs"] += 1
+    if len(text.strip()) < policy.min_document_chars:
+        counts["empty"] += 1
+        return None, "empty"
+    return text, ""
+
+
+def _build_shard(task: _ShardTask) -> dict:
+    """Reads, cleans, tokenizes and writes one shard; returns its ledger entry."""
+    tok, policy = task.tokenizer, task.policy
+    counts: collections.Counter = collections.Counter()
+    problems: list[str] = []
+    docs: list[np.ndarray] = []
+    locations: list[str] = []
+    input_bytes = 0
+    for f in task.files:
+        input_bytes += _file_stat(f)[0]
+        for doc in task.source.read(f):
+            text, why = _clean(doc, policy, counts)
+            if text is None:
+                if len(problems) < _MAX_PROBLEMS:
+                    problems.append(f"{doc.location}: {why}")
+                continue
+            ids = tok.encode(text)
+            if task.eval_hashes is not None and len(task.eval_hashes):
+                h = ngram_hashes(ids, policy.ngram)
+                if len(h) and np.isin(h, task.eval_hashes).any():
+                    counts["decontaminated"] += 1
+                    continue
+            parts = []
+            if policy.add_bos:
+                parts.append(np.asarray([tok.bos_id], np.int32))
+            parts.append(ids)
+            if policy.add_eos:
+                parts.append(np.asarray([tok.eos_id], np.int32))
+            docs.append(np.concatenate(parts) if len(parts) > 1 else ids)
+            locations.append(doc.location)
+    lengths = np.asarray([len(d) for d in docs], np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    tokens = np.concatenate(docs) if docs else np.zeros(0, np.int32)
+
+    final = os.path.join(task.path, "shards", f"{task.shard:05d}")
+    tmp = f"{final}.tmp-{uuid.uuid4().hex[:8]}"
+    base = kvstore_spec(tmp)
+    _write_array(base, "tokens", tokens, _token_dtype(tok.vocab_size), task.chunk_tokens)
+    _write_array(base, "offsets", offsets, "int64", 1 << 16)
+    with open(os.path.join(tmp, "locations.json"), "w") as fh:
+        json.dump({"locations": locations}, fh)
+    if os.path.exists(final):  # left by a run killed between the rename and the ledger line
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    return {
+        "shard": task.shard,
+        "source": task.source.name,
+        "documents": len(docs),
+        "tokens": int(offsets[-1]),
+        "input_bytes": input_bytes,
+        "counts": dict(counts),
+        "problems": problems,
+    }
+
+
+def _plan(sources: Sequence[Source], shard_bytes: int) -> list[dict]:
+    shards = []
+    for si, source in enumerate(sources):
+        current: list[str] = []
+        size = 0
+        for f in source.files():
+            fsize = _file_stat(f)[0]
+            if current and size + fsize > shard_bytes:
+                shards.append({"source": si, "files": current})
+                current, size = [], 0
+            current.append(f)
+            size += fsize
+        if current:
+            shards.append({"source": si, "files": current})
+    for i, s in enumerate(shards):
+        s["id"] = i
+    return shards
+
+
+def _eval_hashes(sources: Sequence[Source], tok: Tokenizer, n: int) -> np.ndarray | None:
+    if not sources:
+        return None
+    hashes = []
+    for source in sources:
+        for f in source.files():
+            for doc in source.read(f):
+                if doc.text is None:
+                    continue
+                text = doc.text
+                if isinstance(text, bytes):
+                    text = text.decode("utf-8", errors="replace")
+                hashes.append(ngram_hashes(tok.encode(text), n))
+    return np.unique(np.concatenate(hashes)) if hashes else np.zeros(0, np.uint64)
+
+
+def _read_ledger(path: str) -> dict[int, dict]:
+    done = {}
+    ledger = os.path.join(path, "ledger.jsonl")
+    if os.path.exists(ledger):
+        with open(ledger) as fh:
+            for line in fh:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line torn by a kill: that shard is simply redone
+                if os.path.isdir(os.path.join(path, "shards", f"{entry['shard']:05d}")):
+                    done[entry["shard"]] = entry
+    return done
+
+
+def _write_atomic(path: str, name: str, obj: dict) -> None:
+    tmp = os.path.join(path, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, os.path.join(path, name))
+
+
+def build_store(
+    sources: Sequence[Source],
+    tokenizer: Tokenizer,
+    path: str | os.PathLike,
+    *,
+    policy: CleanPolicy | None = None,
+    decontaminate: Sequence[Source] = (),
+    workers: int = 1,
+    executor: Executor | None = None,
+    shard_bytes: int = 32 << 20,
+    chunk_tokens: int = 1 << 15,
+    progress: Callable[[int, int], None] | None = None,
+    stop_after_shards: int | None = None,
+) -> TokenStore | None:
+    """Builds (or resumes, or just opens) the token store at local `path`.
+
+    Args:
+        sources: where documents come from; their order fixes the global document order.
+        tokenizer: e.g. `ByteTokenizer()`; its fingerprint is recorded and checked on open.
+        path: a local directory (created).
+        policy: the cleaning policy (`CleanPolicy()` by default).
+        decontaminate: evaluation sources; training documents sharing a `policy.ngram`-token
+            n-gram with any of them are dropped (counted per source as "decontaminated").
+        workers: local worker processes (1 = build in this process).
+        executor: overrides `workers` (anything with `map_unordered(fn, items)`).
+        shard_bytes: input bytes per shard (whole files are never split).
+        chunk_tokens: zarr chunk length of the token arrays.
+        progress: called as `progress(shards_done, shards_total)` after each shard.
+        stop_after_shards: build at most this many new shards then return None without
+            finalising (rerun to continue); for incremental builds and tests.
+
+    Returns:
+        The opened `TokenStore`, or None when `stop_after_shards` stopped the build early.
+
+    Raises:
+        StoreError: `path` holds a build of different sources, tokenizer or options.
+
+    >>> import tempfile, pathlib
+    >>> from meltemi.data import ByteTokenizer, JsonlFiles
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (d / "a.jsonl").write_text('{"text": "hi"}\\n{oops\\n{"text": "yo"}\\n')
+    >>> store = build_store([JsonlFiles("a", [str(d / "a.jsonl")])], ByteTokenizer(), d / "s")
+    >>> store.num_documents, store.skipped
+    (2, {'malformed': 1})
+    >>> ByteTokenizer().decode(store.document(1))
+    'yo'
+    """
+    path = os.fspath(path)
+    if "://" in path:
+        raise StoreError(
+            f"build_store(path={path!r}): builds write locally; build to a local directory "
+            f"and copy it (the store opens from gs:// or s3:// through tensorstore)"
+        )
+    policy = policy or CleanPolicy()
+    if not sources:
+        raise ValueError("build_store(sources=[]): pass at least one source")
+    names = [s.name for s in sources]
+    if len(set(names)) != len(names):
+        raise ValueError(f"build_store: source names must be unique, got {names}")
+    shards = _plan(sources, shard_bytes)
+    options = dataclasses.asdict(policy) | {"chunk_tokens": chunk_tokens}
+    plan = {
+        "format": FORMAT,
+        "tokenizer": {
+            "name": repr(tokenizer),
+            "fingerprint": tokenizer.fingerprint(),
+            "vocab_size": tokenizer.vocab_size,
+            "bos_id": tokenizer.bos_id,
+            "eos_id": tokenizer.eos_id,
+            "pad_id": tokenizer.pad_id,
+        },
+        "sources": [{"name": s.name, "fingerprint": s.fingerprint()} for s in sources],
+        "decontaminate": [{"name": s.name, "fingerprint": s.fingerprint()} for s in decontaminate],
+        "options": options,
+        "token_dtype": _token_dtype(tokenizer.vocab_size),
+        "shard_plan": shards,
+    }
+    os.makedirs(os.path.join(path, "shards"), exist_ok=True)
+    build_json = os.path.join(path, "build.json")
+    if os.path.exists(build_json):
+        with open(build_json) as fh:
+            old = json.load(fh)
+        diff = [k for k in plan if old.get(k) != plan[k]]
+        if diff:
+            raise StoreError(
+                f"build_store: {path} holds a build with different {diff}; use a new path, or "
+                f"delete {path} to rebuild"
+            )
+    else:
+        _write_atomic(path, "build.json", plan)
+    if os.path.exists(os.path.join(path, "meta.json")):
+        return TokenStore.open(path, tokenizer)
+
+    for entry in os.listdir(os.path.join(path, "shards")):
+        if ".tmp-" in entry:  # debris of a killed worker
+            shutil.rmtree(os.path.join(path, "shards", entry), ignore_errors=True)
+    done = _read_ledger(path)
+    todo = [s for s in shards if s["id"] not in done]
+    if stop_after_shards is not None:
+        todo = todo[:stop_after_shards]
+    eval_hashes = _eval_hashes(decontaminate, tokenizer, policy.ngram) if todo else None
+    tasks = [
+        _ShardTask(
+            path=path,
+            shard=s["id"],
+            source=sources[s["source"]],
+            files=tuple(s["files"]),
+            tokenizer=tokenizer,
+            policy=policy,
+            chunk_tokens=chunk_tokens,
+            eval_hashes=eval_hashes,
+        )
+        for s in todo
+    ]
+    executor = executor or make_executor(workers)
+    start = time.perf_counter()
+    with open(os.path.join(path, "ledger.jsonl"), "a") as ledger:
+        for entry in executor.map_unordered(_build_shard, tasks):
+            ledger.write(json.dumps(entry, sort_keys=True) + "\n")
+            ledger.flush()
+            os.fsync(ledger.fileno())
+            done[entry["shard"]] = entry
+            if progress is not None:
+                progress(len(done), len(shards))
+    elapsed = time.perf_counter() - start
+    if len(done) < len(shards):
+        return None
+    return _finalise(path, plan, shards, done, elapsed, tokenizer)
+
+
+def _finalise(path, plan, shards, done, elapsed, tokenizer) -> TokenStore:
+    per_source: dict[str, dict] = {}
+    skipped: collections.Counter = collections.Counter()
+    for s in shards:
+        entry = done[s["id"]]
+        src = per_source.setdefault(
+            entry["source"], {"documents": 0, "tokens": 0, "input_bytes": 0, "counts": {}}
+        )
+        src["documents"] += entry["documents"]
+        src["tokens"] += entry["tokens"]
+        src["input_bytes"] += entry["input_bytes"]
+        for k, v in entry["counts"].items():
+            src["counts"][k] = src["counts"].get(k, 0) + v
+            skipped[k] += v
+    meta = {
+        "format": FORMAT,
+        "tokenizer": plan["tokenizer"],
+        "sources": plan["sources"],
+        "decontaminate": plan["decontaminate"],
+        "options": plan["options"],
+        "token_dtype": plan["token_dtype"],
+        "documents": sum(done[s["id"]]["documents"] for s in shards),
+        "tokens": sum(done[s["id"]]["tokens"] for s in shards),
+        "skipped": dict(sorted(skipped.items())),
+        "per_source": per_source,
+        "shards": [
+            {
+                "id": s["id"],
+                "documents": done[s["id"]]["documents"],
+                "tokens": done[s["id"]]["tokens"],
+            }
+            for s in shards
+        ],
+        "problems": [p for s in shards for p in done[s["id"]]["problems"]][:100],
+        "last_build_seconds": round(elapsed, 3),
+    }
+    _write_atomic(path, "meta.json", meta)
+    return TokenStore.open(path, tokenizer)

@@ -1,0 +1,104 @@
+"""Per-document cleaning policies and n-gram decontamination (pure numpy, no state)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+__all__ = ["CleanPolicy", "ngram_hashes", "truncate_runs"]
+
+# Unicode whitespace (str.isspace() for these code points): a run of mixed whitespace counts
+# as one run.
+_SPACE = np.array(
+    [9, 10, 11, 12, 13, 28, 29, 30, 31, 32, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B)]
+    + [0x2028, 0x2029, 0x202F, 0x205F, 0x3000],
+    np.uint32,
+)
+_SPACE_KEY = np.uint32(0xFFFFFFFF)
+
+
+@dataclasses.dataclass(frozen=True)
+class CleanPolicy:
+    """What the build does with bad input (every action is counted in the ledger).
+
+    Attributes:
+        invalid_utf8: "replace" (decode with U+FFFD and keep) or "skip" the document.
+        max_run: runs of one character, or of whitespace, longer than this are cut to it.
+        max_document_chars: longer documents are truncated to this many characters.
+        min_document_chars: documents shorter than this (after stripping) are skipped as empty.
+        add_bos, add_eos: wrap every document in the tokenizer's bos/eos tokens.
+        ngram: n-gram length (in tokens) for decontamination.
+    """
+
+    invalid_utf8: str = "replace"
+    max_run: int = 1000
+    max_document_chars: int = 1 << 24
+    min_document_chars: int = 1
+    add_bos: bool = True
+    add_eos: bool = True
+    ngram: int = 13
+
+    def __post_init__(self):
+        if self.invalid_utf8 not in ("replace", "skip"):
+            raise ValueError(
+                f"CleanPolicy(invalid_utf8={self.invalid_utf8!r}): use 'replace' or 'skip'"
+            )
+        for name in ("max_run", "max_document_chars", "min_document_chars", "ngram"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"CleanPolicy({name}={value!r}): need an int >= 1")
+
+
+def truncate_runs(text: str, max_run: int) -> tuple[str, bool]:
+    """Cuts every run of one character (or of whitespace) longer than `max_run` to `max_run`.
+
+    Linear time, vectorised: megabyte-long runs cost what any megabyte costs.
+
+    >>> truncate_runs("ab" + "x" * 10 + " \\n\\t  " + "c", 3)
+    ('abxxx \\n\\tc', True)
+    >>> truncate_runs("abc", 3)
+    ('abc', False)
+    """
+    if len(text) <= max_run:
+        return text, False
+    cps = np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), np.uint32)
+    keys = np.where(np.isin(cps, _SPACE), _SPACE_KEY, cps)
+    change = np.empty(len(keys), bool)
+    change[0] = True
+    np.not_equal(keys[1:], keys[:-1], out=change[1:])
+    starts = np.flatnonzero(change)
+    run_lengths = np.diff(np.append(starts, len(keys)))
+    if run_lengths.max() <= max_run:
+        return text, False
+    run_start_of = np.repeat(starts, run_lengths)
+    keep = (np.arange(len(keys)) - run_start_of) < max_run
+    out = cps[keep].tobytes().decode("utf-32-le", errors="surrogatepass")
+    return out, True
+
+
+_P = np.uint64(0x100000001B3)
+
+
+def ngram_hashes(tokens: np.ndarray, n: int) -> np.ndarray:
+    """64-bit hashes of every window of `n` consecutive tokens (empty if fewer than n).
+
+    >>> h = ngram_hashes(np.array([1, 2, 3, 1, 2, 3]), 3)
+    >>> len(h), bool(h[0] == h[3]), bool(h[0] == h[1])
+    (4, True, False)
+    """
+    tokens = np.asarray(tokens)
+    if len(tokens) < n:
+        return np.zeros(0, np.uint64)
+    t = tokens.astype(np.uint64) + np.uint64(1)
+    h = np.zeros(len(t) - n + 1, np.uint64)
+    for j in range(n):  # polynomial rolling hash, wrapping mod 2**64
+        h *= _P
+        h += t[j : j + len(h)]
+    # splitmix64 finaliser spreads the bits before set membership tests.
+    h ^= h >> np.uint64(30)
+    h *= np.uint64(0xBF58476D1CE4E5B9)
+    h ^= h >> np.uint64(27)
+    h *= np.uint64(0x94D049BB133111EB)
+    h ^= h >> np.uint64(31)
+    return h

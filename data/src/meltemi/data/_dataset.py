@@ -1,0 +1,301 @@
+"""Packed language-model datasets with a stateless, step-indexed API.
+
+A `PackedDataset` turns a `TokenStore` into fixed-length sequences:
+
+* documents are put in a Feistel order (`seed`), then packed: `mode="stream"` concatenates
+  them and cuts every `seq_len` tokens; `mode="document"` packs greedily, never splitting a
+  document shorter than `seq_len` (longer ones are cut into `seq_len` pieces), padding the rest;
+* the packed sequences are visited in a fresh Feistel order each epoch;
+* global row `g = step * batch_size + r` is sequence `g % Q` of epoch `g // Q` (Q sequences per
+  epoch). A batch is therefore a pure function of (store, config, seed, step), whatever the
+  number of processes asking for its rows; there is no iterator state to checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import numpy as np
+
+from meltemi.data._store import TokenStore
+from meltemi.data.permutation import FeistelPermutation, derive_seed
+
+__all__ = ["PackedDataset", "Piece", "batch_rows"]
+
+
+class Piece(NamedTuple):
+    """A run of one document's tokens inside a row.
+
+    Attributes:
+        component: the mixture component's name (None for a plain dataset).
+        document: the document's index in its store.
+        token_offset: where the run starts inside the document.
+        length: tokens in the run.
+        row_offset: where the run starts inside the row.
+    """
+
+    component: str | None
+    document: int
+    token_offset: int
+    length: int
+    row_offset: int
+
+
+def batch_rows(batch_size: int, step: int, process_index: int, process_count: int) -> np.ndarray:
+    """Global row indices (`step * batch_size + r`) of the rows one process owns.
+
+    >>> batch_rows(6, 2, 1, 3).tolist()
+    [14, 15]
+    """
+    for name, value in (("step", step), ("process_index", process_index)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    if not isinstance(process_count, int | np.integer) or process_count < 1:
+        raise ValueError(f"process_count must be an int >= 1, got {process_count!r}")
+    if process_index >= process_count:
+        raise ValueError(f"process_index={process_index} must be < process_count={process_count}")
+    if batch_size % process_count:
+        raise ValueError(
+            f"batch_size={batch_size} is not divisible by process_count={process_count}; "
+            f"use a global batch size that is a multiple of the number of processes"
+        )
+    per = batch_size // process_count
+    start = int(step) * batch_size + int(process_index) * per
+    return np.arange(start, start + per, dtype=np.int64)
+
+
+def assemble(
+    rows: list[list[Piece]], reads: list[np.ndarray], seq_len: int, pad_id: int
+) -> dict[str, np.ndarray]:
+    """Builds the batch arrays from each row's pieces and the tokens read for them."""
+    n = len(rows)
+    tokens = np.full((n, seq_len), pad_id, np.int32)
+    segment_ids = np.zeros((n, seq_len), np.int32)
+    positions = np.zeros((n, seq_len), np.int32)
+    k = 0
+    for r, pieces in enumerate(rows):
+        for seg, piece in enumerate(pieces, start=1):
+            lo, hi = piece.row_offset, piece.row_offset + piece.length
+            tokens[r, lo:hi] = reads[k]
+            segment_ids[r, lo:hi] = seg
+            positions[r, lo:hi] = np.arange(piece.length, dtype=np.int32)
+            k += 1
+    same = np.zeros((n, seq_len), bool)
+    same[:, :-1] = (segment_ids[:, 1:] == segment_ids[:, :-1]) & (segment_ids[:, :-1] > 0)
+    targets = np.full((n, seq_len), pad_id, np.int32)
+    targets[:, :-1] = np.where(same[:, :-1], tokens[:, 1:], pad_id)
+    return {
+        "tokens": tokens,
+        "targets": targets,
+        "loss_mask": same.astype(np.float32),
+        "segment_ids": segment_ids,
+        "positions": positions,
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class _DocumentPlan:
+    """Greedy whole-document packing: piece arrays and each sequence's slice of them."""
+
+    pos: np.ndarray  # position of the piece's document in the document order
+    offset: np.ndarray  # token offset inside the document
+    length: np.ndarray
+    row_offset: np.ndarray
+    seq_start: np.ndarray  # pieces of sequence q: [seq_start[q], seq_start[q + 1])
+
+
+def _pack_documents(lengths_in_order: np.ndarray, seq_len: int) -> _DocumentPlan:
+    pos, off, ln, row_off, seq_start = [], [], [], [], [0]
+    fill = 0
+    for p, total in enumerate(lengths_in_order.tolist()):
+        start = 0
+        while total - start >= seq_len:  # long documents: whole sequences of seq_len
+            if fill:
+                seq_start.append(len(pos))
+                fill = 0
+            pos.append(p), off.append(start), ln.append(seq_len), row_off.append(0)
+            seq_start.append(len(pos))
+            start += seq_len
+        rest = total - start
+        if rest == 0:
+            continue
+        if fill + rest > seq_len:
+            seq_start.append(len(pos))
+            fill = 0
+        pos.append(p), off.append(start), ln.append(rest), row_off.append(fill)
+        fill += rest
+    if fill:
+        seq_start.append(len(pos))
+    as64 = lambda x: np.asarray(x, np.int64)
+    return _DocumentPlan(as64(pos), as64(off), as64(ln), as64(row_off), as64(seq_start))
+
+
+class PackedDataset:
+    """Fixed-length sequences packed from a `TokenStore`; `batch(step)` is stateless.
+
+    Args:
+        store: the token store.
+        seq_len: tokens per row.
+        batch_size: global rows per step (all processes together).
+        seed: fixes the document order and every epoch's sequence order.
+        mode: "stream" (concatenate and cut; no padding) or "document" (never split a
+            document shorter than `seq_len`; pad).
+        pad_id: filler token (default: the store's tokenizer pad id).
+
+    Each batch is a dict of numpy arrays of shape (rows, seq_len): `tokens`, `targets` (the next
+    token in the same document piece, else pad), `loss_mask` (float32, 1 where `targets` is
+    real), `segment_ids` (1, 2, ... per piece, 0 on padding) and `positions` (within a piece).
+    """
+
+    def __init__(
+        self,
+        store: TokenStore,
+        *,
+        seq_len: int,
+        batch_size: int,
+        seed: int = 0,
+        mode: str = "stream",
+        pad_id: int | None = None,
+    ):
+        if mode not in ("stream", "document"):
+            raise ValueError(f"PackedDataset(mode={mode!r}): use 'stream' or 'document'")
+        for name, value in (("seq_len", seq_len), ("batch_size", batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"PackedDataset({name}={value!r}): need an int >= 1")
+        if store.num_documents == 0:
+            raise ValueError(f"PackedDataset: the store at {store.path} has no documents")
+        self.store = store
+        self.seq_len = seq_len
+        self.batch_size = batch_size
+        self.seed = seed
+        self.mode = mode
+        self.pad_id = int(store.metadata["tokenizer"]["pad_id"] if pad_id is None else pad_id)
+        self.document_order = FeistelPermutation(store.num_documents, derive_seed(seed, 0))
+        self._order = self.document_order(np.arange(store.num_documents))  # doc at position p
+        lengths = store.document_lengths[self._order]
+        if mode == "stream":
+            self._cum_end = np.cumsum(lengths)
+            total = int(self._cum_end[-1])
+            if total < seq_len:
+                raise ValueError(
+                    f"PackedDataset(seq_len={seq_len}): the store holds only {total} tokens; "
+                    f"use a shorter seq_len or mode='document'"
+                )
+            self.num_sequences = total // seq_len
+        else:
+            self._plan = _pack_documents(lengths, seq_len)
+            self.num_sequences = len(self._plan.seq_start) - 1
+            self._pieces_by_pos: np.ndarray | None = None
+        self._epoch_perms: dict[int, FeistelPermutation] = {}
+
+    def __repr__(self) -> str:
+        return (
+            f"PackedDataset({self.store!r}, seq_len={self.seq_len}, batch_size={self.batch_size}, "
+            f"seed={self.seed}, mode={self.mode!r})"
+        )
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Full steps before the first sequence repeats."""
+        return self.num_sequences // self.batch_size
+
+    def _epoch_perm(self, epoch: int) -> FeistelPermutation:
+        if epoch not in self._epoch_perms:
+            if len(self._epoch_perms) > 8:
+                self._epoch_perms.clear()
+            self._epoch_perms[epoch] = FeistelPermutation(
+                self.num_sequences, derive_seed(self.seed, 1, epoch)
+            )
+        return self._epoch_perms[epoch]
+
+    def _packed_of(self, indices: np.ndarray) -> np.ndarray:
+        """Packed sequence ids of global sequence indices (epoch-wise shuffled)."""
+        epochs, within = np.divmod(indices, self.num_sequences)
+        out = np.empty_like(indices)
+        for e in np.unique(epochs).tolist():
+            sel = epochs == e
+            out[sel] = self._epoch_perm(e)(within[sel])
+        return out
+
+    def _pieces(self, q: int) -> list[Piece]:
+        s = self.seq_len
+        pieces = []
+        if self.mode == "stream":
+            start, end = q * s, (q + 1) * s
+            p = int(np.searchsorted(self._cum_end, start, side="right"))
+            while p < len(self._cum_end):
+                doc_end = int(self._cum_end[p])
+                doc_start = doc_end - int(self.store.document_lengths[self._order[p]])
+                if doc_start >= end:
+                    break
+                lo = max(start, doc_start)
+                hi = min(end, doc_end)
+                pieces.append(Piece(None, int(self._order[p]), lo - doc_start, hi - lo, lo - start))
+                p += 1
+            return pieces
+        plan = self._plan
+        for k in range(int(plan.seq_start[q]), int(plan.seq_start[q + 1])):
+            doc = int(self._order[plan.pos[k]])
+            pieces.append(
+                Piece(None, doc, int(plan.offset[k]), int(plan.length[k]), int(plan.row_offset[k]))
+            )
+        return pieces
+
+    def locate_sequence(self, index: int) -> list[Piece]:
+        """The pieces of global sequence `index` (epochs included)."""
+        if index < 0:
+            raise ValueError(f"sequence index must be >= 0, got {index}")
+        return self._pieces(int(self._packed_of(np.asarray([index]))[0]))
+
+    def sequences(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+        """The rows of global sequence indices (epochs included)."""
+        indices = np.asarray(indices, np.int64)
+        rows = [self._pieces(int(q)) for q in self._packed_of(indices)]
+        return self._read(rows)
+
+    def _read(self, rows: list[list[Piece]]) -> dict[str, np.ndarray]:
+        flat = [(p.document, p.token_offset, p.token_offset + p.length) for r in rows for p in r]
+        return assemble(rows, self.store.read(flat), self.seq_len, self.pad_id)
+
+    def batch(self, step: int, process_index: int = 0, process_count: int = 1) -> dict:
+        """The rows of `step` owned by `process_index` (of `process_count`); see class doc."""
+        return self.sequences(batch_rows(self.batch_size, step, process_index, process_count))
+
+    def locate(self, step: int, row: int) -> list[Piece]:
+        """Which documents (and token ranges) make up row `row` of the global batch of `step`."""
+        if not 0 <= row < self.batch_size:
+            raise IndexError(f"row {row} outside the batch of {self.batch_size} rows")
+        return self.locate_sequence(int(step) * self.batch_size + int(row))
+
+    def sequence_indices_of(self, document: int, limit: int) -> np.ndarray:
+        """Sorted global sequence indices `< limit` whose rows contain `document`."""
+        d = int(document)
+        if not 0 <= d < self.store.num_documents:
+            raise IndexError(
+                f"document {d} outside the store's {self.store.num_documents} documents"
+            )
+        p = int(self.document_order.inverse(d))
+        if self.mode == "stream":
+            end = int(self._cum_end[p])
+            start = end - int(self.store.document_lengths[d])
+            packed = np.arange(start // self.seq_len, (end - 1) // self.seq_len + 1)
+            packed = packed[packed < self.num_sequences]
+        else:
+            if self._pieces_by_pos is None:
+                self._pieces_by_pos = np.argsort(self._plan.pos, kind="stable")
+            pos_sorted = self._plan.pos[self._pieces_by_pos]
+            lo, hi = np.searchsorted(pos_sorted, [p, p + 1])
+            pieces = self._pieces_by_pos[lo:hi]
+            packed = np.unique(np.searchsorted(self._plan.seq_start, pieces, side="right") - 1)
+        out = []
+        q = self.num_sequences
+        for e in range(-(-int(limit) // q)):
+            idx = e * q + self._epoch_perm(e).inverse(packed)
+            out.append(idx[idx < limit])
+        return np.sort(np.concatenate(out)) if out else np.zeros(0, np.int64)
+
+    def steps_of(self, document: int, *, max_step: int) -> list[tuple[int, int]]:
+        """Every (step, row) before `max_step` whose row contains `document` (via inverses)."""
+        idx = self.sequence_indices_of(document, int(max_step) * self.batch_size)
+        return [(int(i) // self.batch_size, int(i) % self.batch_size) for i in idx]

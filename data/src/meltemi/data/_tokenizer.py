@@ -1,0 +1,246 @@
+"""Tokenizers: a dependency-free byte tokenizer and Hugging Face `tokenizer.json` files."""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+
+import numpy as np
+
+__all__ = ["ByteTokenizer", "HfTokenizer", "Tokenizer", "TokenizerError", "train_bpe"]
+
+
+class TokenizerError(ValueError):
+    """A tokenizer file or option is unusable."""
+
+
+class Tokenizer(abc.ABC):
+    """What the store and datasets need from a tokenizer."""
+
+    @property
+    @abc.abstractmethod
+    def vocab_size(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def bos_id(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def eos_id(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def pad_id(self) -> int: ...
+
+    @abc.abstractmethod
+    def encode(self, text: str) -> np.ndarray:
+        """Token ids of `text` (int32, no special tokens added)."""
+
+    @abc.abstractmethod
+    def decode(self, ids: Iterable[int] | np.ndarray) -> str:
+        """Text of `ids` (special tokens dropped)."""
+
+    @abc.abstractmethod
+    def fingerprint(self) -> str:
+        """A hex digest identifying the exact token mapping."""
+
+
+class ByteTokenizer(Tokenizer):
+    """UTF-8 bytes as tokens 0..255, then bos=256, eos=257, pad=258 (vocab 259).
+
+    >>> tok = ByteTokenizer()
+    >>> ids = tok.encode("héllo")
+    >>> ids.tolist(), tok.decode(ids), tok.vocab_size
+    ([104, 195, 169, 108, 108, 111], 'héllo', 259)
+    """
+
+    @property
+    def vocab_size(self) -> int:
+        return 259
+
+    @property
+    def bos_id(self) -> int:
+        return 256
+
+    @property
+    def eos_id(self) -> int:
+        return 257
+
+    @property
+    def pad_id(self) -> int:
+        return 258
+
+    def encode(self, text: str) -> np.ndarray:
+        data = text.encode("utf-8", errors="surrogatepass")
+        return np.frombuffer(data, np.uint8).astype(np.int32)
+
+    def decode(self, ids: Iterable[int] | np.ndarray) -> str:
+        arr = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids)
+        return bytes(arr[arr < 256].astype(np.uint8)).decode("utf-8", errors="replace")
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(b"meltemi.ByteTokenizer/v1:bos=256,eos=257,pad=258").hexdigest()
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ByteTokenizer)
+
+    def __hash__(self) -> int:
+        return hash("ByteTokenizer")
+
+    def __repr__(self) -> str:
+        return "ByteTokenizer()"
+
+
+def _tokenizers():
+    try:
+        import tokenizers
+    except ModuleNotFoundError as e:  # pragma: no cover - exercised by the wheel test
+        raise ModuleNotFoundError(
+            "HfTokenizer needs the `tokenizers` package: pip install 'meltemi-data[hf]'",
+            name="tokenizers",
+        ) from e
+    return tokenizers
+
+
+class HfTokenizer(Tokenizer):
+    """A Hugging Face `tokenizer.json` loaded with the `tokenizers` package (extra `[hf]`).
+
+    Special tokens are looked up by name among the tokenizer's added tokens; the first of each
+    candidate list that exists wins, or pass the names explicitly.
+
+    Args:
+        path: a `tokenizer.json` file, or a directory containing one.
+        bos, eos, pad: special token names (default: common spellings are tried).
+
+    Raises:
+        TokenizerError: the file is missing or a special token cannot be found.
+    """
+
+    _BOS = ("<|begin_of_text|>", "<s>", "<bos>", "<|bos|>", "<|endoftext|>")
+    _EOS = ("<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "<|endoftext|>")
+    _PAD = ("<pad>", "<|pad|>", "[PAD]", "<|padding|>")
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        bos: str | None = None,
+        eos: str | None = None,
+        pad: str | None = None,
+    ):
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            path = os.path.join(path, "tokenizer.json")
+        if not os.path.isfile(path):
+            raise TokenizerError(
+                f"HfTokenizer(path={path!r}): no such file; pass a tokenizer.json "
+                f"(train one with `bazel run //data:train_tokenizer`)"
+            )
+        with open(path, encoding="utf-8") as f:
+            self._json = f.read()
+        self._path = path
+        self._names = (bos, eos, pad)
+        self._load()
+
+    def _load(self) -> None:
+        tk = _tokenizers()
+        self._tok = tk.Tokenizer.from_str(self._json)
+        bos, eos, pad = self._names
+        self._bos = self._find("bos", bos, self._BOS)
+        self._eos = self._find("eos", eos, self._EOS)
+        self._pad = self._find("pad", pad, self._PAD, fallback=self._eos)
+
+    def _find(self, what: str, name: str | None, candidates, fallback: int | None = None) -> int:
+        names = (name,) if name is not None else candidates
+        for n in names:
+            i = self._tok.token_to_id(n)
+            if i is not None:
+                return int(i)
+        if fallback is not None and name is None:
+            return fallback
+        raise TokenizerError(
+            f"HfTokenizer({self._path!r}): no {what} token among {list(names)}; pass "
+            f"{what}='<the token string>' naming one of its special tokens"
+        )
+
+    def __getstate__(self):
+        return {"json": self._json, "path": self._path, "names": self._names}
+
+    def __setstate__(self, state):
+        self._json, self._path, self._names = state["json"], state["path"], state["names"]
+        self._load()
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._tok.get_vocab_size(with_added_tokens=True))
+
+    @property
+    def bos_id(self) -> int:
+        return self._bos
+
+    @property
+    def eos_id(self) -> int:
+        return self._eos
+
+    @property
+    def pad_id(self) -> int:
+        return self._pad
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, np.int32)
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        encs = self._tok.encode_batch(texts, add_special_tokens=False)
+        return [np.asarray(e.ids, np.int32) for e in encs]
+
+    def decode(self, ids: Iterable[int] | np.ndarray) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def fingerprint(self) -> str:
+        canon = json.dumps(json.loads(self._json), sort_keys=True, separators=(",", ":"))
+        specials = f"|{self._bos},{self._eos},{self._pad}"
+        return hashlib.sha256((canon + specials).encode()).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"HfTokenizer({self._path!r})"
+
+
+def train_bpe(
+    texts: Iterable[str],
+    vocab_size: int,
+    output: str | os.PathLike,
+    *,
+    min_frequency: int = 2,
+) -> HfTokenizer:
+    """Trains a byte-level BPE tokenizer on `texts` and saves it as `output` (a tokenizer.json).
+
+    Special tokens `<bos>`, `<eos>`, `<pad>` are added first (ids 0, 1, 2).
+
+    Raises:
+        TokenizerError: if `vocab_size` is too small for the 256 byte tokens plus specials.
+    """
+    if vocab_size < 259 + 1:
+        raise TokenizerError(
+            f"train_bpe(vocab_size={vocab_size}): need at least 260 (256 bytes, 3 specials "
+            f"and one merge); try vocab_size=4096"
+        )
+    tk = _tokenizers()
+    tok = tk.Tokenizer(tk.models.BPE())
+    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tk.decoders.ByteLevel()
+    trainer = tk.trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=["<bos>", "<eos>", "<pad>"],
+        initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    output = os.fspath(output)
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    tok.save(output)
+    return HfTokenizer(output, bos="<bos>", eos="<eos>", pad="<pad>")

@@ -1,0 +1,128 @@
+"""The JAX parts of meltemi.data: a jitted Feistel twin and device prefetch (needs `[jax]`).
+
+`feistel_jax(perm)` returns a jitted function computing exactly `perm(indices)` for a
+`FeistelPermutation` of length at most `2**32` (uint32 lanes; JAX's default 32-bit mode).
+`device_prefetch(...)` wraps `meltemi.data.Prefetcher` and puts each batch on device.
+
+>>> import numpy as np
+>>> from meltemi.data.permutation import FeistelPermutation
+>>> p = FeistelPermutation(1000, seed=5)
+>>> f = feistel_jax(p)
+>>> bool(np.array_equal(np.asarray(f(np.arange(1000, dtype=np.uint32))), p(np.arange(1000))))
+True
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from meltemi.data._prefetch import Prefetcher
+from meltemi.data.permutation import FeistelPermutation
+
+__all__ = ["device_prefetch", "feistel_jax"]
+
+_MUL1 = 0x7FEB352D
+_MUL2 = 0x846CA68B
+
+
+def _round_fn(r: jax.Array, key: int) -> jax.Array:
+    h = r ^ jnp.uint32(key)
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(_MUL1)
+    h = h ^ (h >> 15)
+    h = h * jnp.uint32(_MUL2)
+    return h ^ (h >> 16)
+
+
+def _network(x: jax.Array, keys: tuple[int, ...], a: int, b: int, inverse: bool) -> jax.Array:
+    if not inverse:
+        left, right, wl, wr = x >> b, x & jnp.uint32((1 << b) - 1), a, b
+        for key in keys:
+            f = _round_fn(right, key) & jnp.uint32((1 << wl) - 1)
+            left, right = right, left ^ f
+            wl, wr = wr, wl
+    else:
+        wl, wr = (a, b) if len(keys) % 2 == 0 else (b, a)
+        left, right = x >> wr, x & jnp.uint32((1 << wr) - 1)
+        for key in reversed(keys):
+            f = _round_fn(left, key) & jnp.uint32((1 << wr) - 1)
+            left, right = right ^ f, left
+            wl, wr = wr, wl
+    return (left << wr) | right
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(length: int, keys: tuple[int, ...], a: int, b: int, inverse: bool) -> Callable:
+    n = jnp.uint32(length - 1)  # length may be 2**32: compare with <= length - 1.
+
+    def apply(indices: jax.Array) -> jax.Array:
+        x = _network(indices.astype(jnp.uint32), keys, a, b, inverse)
+
+        def walk(y):
+            return jnp.where(y > n, _network(y, keys, a, b, inverse), y)
+
+        return jax.lax.while_loop(lambda y: jnp.any(y > n), walk, x)
+
+    return jax.jit(apply)
+
+
+def feistel_jax(perm: FeistelPermutation, *, inverse: bool = False) -> Callable:
+    """A jitted function `indices -> perm(indices)` (or `perm.inverse`) returning uint32.
+
+    Outputs are bit-identical to the numpy `perm(indices)`. Indices outside `[0, length)` give
+    unspecified results (there is no bounds check on device).
+
+    Raises:
+        ValueError: if `perm.length > 2**32` (use the numpy permutation, or shard the range).
+    """
+    if not isinstance(perm, FeistelPermutation):
+        raise TypeError(f"feistel_jax needs a FeistelPermutation, got {type(perm).__name__}")
+    if perm.length > 1 << 32:
+        raise ValueError(
+            f"feistel_jax: length {perm.length} exceeds 2**32, the range of uint32 lanes; "
+            f"use the numpy FeistelPermutation for this length"
+        )
+    a, b = perm.widths()
+    return _compiled(perm.length, perm.keys, a, b, inverse)
+
+
+def device_prefetch(
+    batch_fn: Callable[[int], dict[str, np.ndarray]],
+    steps: Iterable[int],
+    *,
+    depth: int = 2,
+    sharding: Any = None,
+) -> Iterator[tuple[int, dict[str, jax.Array]]]:
+    """Yields `(step, batch)` with batches computed ahead in a thread and put on device.
+
+    Args:
+        batch_fn: `step -> dict of numpy arrays`, e.g. `functools.partial(dataset.batch,
+            process_index=jax.process_index(), process_count=jax.process_count())`.
+        steps: the steps to produce, in order.
+        depth: how many batches to keep ready.
+        sharding: a `jax.sharding.Sharding` for every array (default: the first device). With
+            several processes, each passes its local rows and the global array is assembled
+            with `jax.make_array_from_process_local_data`.
+
+    >>> it = device_prefetch(lambda s: {"x": np.full((2,), s)}, range(3), depth=1)
+    >>> [(s, b["x"].tolist()) for s, b in it]
+    [(0, [0, 0]), (1, [1, 1]), (2, [2, 2])]
+    """
+
+    def put(batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        if sharding is None:
+            return jax.device_put(batch)
+        if jax.process_count() > 1:
+            return {
+                k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()
+            }
+        return jax.device_put(batch, sharding)
+
+    with Prefetcher(batch_fn, steps, depth=depth, transform=put) as prefetcher:
+        yield from prefetcher

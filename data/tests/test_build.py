@@ -1,0 +1,200 @@
+"""Building stores: contents, bad-input policies, decontamination, resume, atomic finalise."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from conftest import varied_texts, write_jsonl
+
+from meltemi.data import (
+    ByteTokenizer,
+    CleanPolicy,
+    JsonlFiles,
+    StoreError,
+    TextFiles,
+    TokenizerMismatchError,
+    TokenStore,
+    build_store,
+    train_bpe,
+)
+
+TOK = ByteTokenizer()
+
+
+def _decoded(store):
+    return [TOK.decode(store.document(d)) for d in range(store.num_documents)]
+
+
+def _jsonl_source(tmp_path, texts, name="src"):
+    return JsonlFiles(name, [str(write_jsonl(tmp_path / f"{name}.jsonl", texts))])
+
+
+def test_documents_come_back_in_source_order_wrapped_in_bos_eos(tmp_path):
+    texts = varied_texts(23)
+    store = build_store([_jsonl_source(tmp_path, texts)], TOK, tmp_path / "s")
+    assert _decoded(store) == texts
+    doc = store.document(4)
+    assert doc[0] == TOK.bos_id and doc[-1] == TOK.eos_id
+    assert store.num_tokens == sum(len(t.encode()) + 2 for t in texts)
+
+
+def test_token_ranges_read_inside_a_document(tiny_store):
+    full = tiny_store.document(5)
+    assert np.array_equal(tiny_store.tokens(5, 3, 9), full[3:9])
+    with pytest.raises(IndexError, match=r"token range \[0, 9999\) outside document 5"):
+        tiny_store.tokens(5, 0, 9999)
+    with pytest.raises(IndexError, match="document 37 out of range"):
+        tiny_store.document(37)
+
+
+def test_provenance_names_file_and_line(tmp_path):
+    store = build_store([_jsonl_source(tmp_path, ["a", "b", "c"])], TOK, tmp_path / "s")
+    assert store.location(2).endswith("src.jsonl:3")
+
+
+def test_malformed_lines_are_counted_and_located(tmp_path):
+    (tmp_path / "m.jsonl").write_text('{"text": "good"}\n{"text": \n[1, 2]\n{"text": "fine"}\n')
+    store = build_store([JsonlFiles("m", [str(tmp_path / "m.jsonl")])], TOK, tmp_path / "s")
+    assert _decoded(store) == ["good", "fine"]
+    assert store.skipped == {"malformed": 2}
+    assert any(p.startswith(str(tmp_path / "m.jsonl:2")) for p in store.metadata["problems"])
+
+
+def test_invalid_utf8_is_replaced_by_default(tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"caf\xe9 ok")
+    store = build_store([TextFiles("t", [str(tmp_path / "a.txt")])], TOK, tmp_path / "s")
+    assert _decoded(store) == ["caf\ufffd ok"]
+    assert store.skipped == {"invalid_utf8_replaced": 1}
+
+
+def test_invalid_utf8_can_be_skipped(tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"caf\xe9")
+    (tmp_path / "b.txt").write_bytes(b"fine")
+    src = TextFiles("t", [str(tmp_path / "*.txt")])
+    store = build_store([src], TOK, tmp_path / "s", policy=CleanPolicy(invalid_utf8="skip"))
+    assert _decoded(store) == ["fine"]
+    assert store.skipped == {"invalid_utf8_skipped": 1}
+
+
+def test_empty_documents_are_skipped_and_counted(tmp_path):
+    store = build_store([_jsonl_source(tmp_path, ["", "x", "   \n "])], TOK, tmp_path / "s")
+    assert _decoded(store) == ["x"]
+    assert store.skipped == {"empty": 2}
+
+
+def test_megabyte_runs_are_truncated_quickly(tmp_path):
+    text = "start " + "a" * 3_000_000 + " \n\t" * 700_000 + " end"
+    start = time.perf_counter()
+    store = build_store(
+        [_jsonl_source(tmp_path, [text])], TOK, tmp_path / "s", policy=CleanPolicy(max_run=50)
+    )
+    assert time.perf_counter() - start < 20
+    assert _decoded(store) == ["start " + "a" * 50 + (" \n\t" * 17)[:50] + "end"]
+    assert store.skipped == {"truncated_runs": 1}
+
+
+def test_long_documents_are_truncated(tmp_path):
+    policy = CleanPolicy(max_document_chars=11)
+    store = build_store(
+        [_jsonl_source(tmp_path, ["abcdefghijklmnop"])], TOK, tmp_path / "s", policy=policy
+    )
+    assert _decoded(store) == ["abcdefghijk"]
+    assert store.skipped == {"truncated_long": 1}
+
+
+def test_decontamination_drops_overlapping_documents_per_source(tmp_path):
+    secret = "the quick brown fox jumps over the lazy dog"
+    a = _jsonl_source(tmp_path, [f"x {secret} y", "clean one", "clean two"], name="a")
+    b = _jsonl_source(tmp_path, ["nothing here", f"{secret[:12]}"], name="b")
+    evals = _jsonl_source(tmp_path, [f"prefix {secret}"], name="eval")
+    store = build_store([a, b], TOK, tmp_path / "s", decontaminate=[evals])
+    assert _decoded(store) == ["clean one", "clean two", "nothing here", secret[:12]]
+    assert store.metadata["per_source"]["a"]["counts"] == {"decontaminated": 1}
+    assert store.metadata["per_source"]["b"]["counts"] == {}
+
+
+def test_opening_with_another_tokenizer_is_a_clear_error(tmp_path, tiny_store):
+    other = train_bpe(["some text to learn from"] * 5, 270, tmp_path / "t.json")
+    with pytest.raises(TokenizerMismatchError, match=r"built with tokenizer ByteTokenizer\(\)"):
+        TokenStore.open(tiny_store.path, tokenizer=other)
+    assert TokenStore.open(tiny_store.path, tokenizer=TOK).num_documents == 37
+
+
+def test_opening_a_missing_store_says_how_to_build_one(tmp_path):
+    with pytest.raises(StoreError, match=r"no token store here.*build_store"):
+        TokenStore.open(tmp_path / "nothing")
+
+
+def _many_files(tmp_path, count):
+    texts = varied_texts(count, seed=4)
+    for i, t in enumerate(texts):
+        (tmp_path / "in").mkdir(exist_ok=True)
+        (tmp_path / "in" / f"f{i:04d}.txt").write_text(t)
+    return TextFiles("files", [str(tmp_path / "in" / "*.txt")]), texts
+
+
+def test_stopped_build_does_not_open_and_resumes_without_loss(tmp_path):
+    src, texts = _many_files(tmp_path, 19)
+    assert build_store([src], TOK, tmp_path / "s", shard_bytes=100, stop_after_shards=3) is None
+    with pytest.raises(StoreError, match="did not finish; rerun build_store"):
+        TokenStore.open(tmp_path / "s")
+    store = build_store([src], TOK, tmp_path / "s", shard_bytes=100)
+    assert _decoded(store) == texts
+    assert len(store.metadata["shards"]) > 3
+
+
+def test_rerun_with_other_options_is_refused(tmp_path):
+    src, _ = _many_files(tmp_path, 5)
+    build_store([src], TOK, tmp_path / "s", stop_after_shards=0)
+    with pytest.raises(StoreError, match=r"different \['options'\]"):
+        build_store([src], TOK, tmp_path / "s", policy=CleanPolicy(max_run=7))
+
+
+def test_finished_build_is_reopened_not_rebuilt(tmp_path):
+    src, _ = _many_files(tmp_path, 5)
+    build_store([src], TOK, tmp_path / "s")
+    mtime = os.stat(tmp_path / "s" / "meta.json").st_mtime_ns
+    build_store([src], TOK, tmp_path / "s")
+    assert os.stat(tmp_path / "s" / "meta.json").st_mtime_ns == mtime
+
+
+def test_process_pool_build_equals_inline_build(tmp_path):
+    src, texts = _many_files(tmp_path, 9)
+    pooled = build_store([src], TOK, tmp_path / "p", shard_bytes=200, workers=2)
+    assert _decoded(pooled) == texts
+
+
+_KILL_SCRIPT = """
+import sys
+from meltemi.data import ByteTokenizer, TextFiles, build_store
+build_store([TextFiles("files", [sys.argv[1]])], ByteTokenizer(), sys.argv[2], shard_bytes=1)
+"""
+
+
+def test_killed_build_resumes_with_no_duplicated_or_lost_documents(tmp_path):
+    src, texts = _many_files(tmp_path, 160)
+    out = tmp_path / "s"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.Popen([sys.executable, "-c", _KILL_SCRIPT, src.paths[0], str(out)], env=env)
+    ledger = out / "ledger.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if ledger.exists() and len(ledger.read_text().splitlines()) >= 5:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "meta.json").exists(), "the build finished before it could be killed"
+    done_before = len(ledger.read_text().splitlines())
+    assert 5 <= done_before < 160
+    store = build_store([src], TOK, out, shard_bytes=1)
+    assert _decoded(store) == texts
+    entries = [json.loads(x) for x in ledger.read_text().splitlines() if x.strip()]
+    assert sorted({e["shard"] for e in entries}) == list(range(160))
