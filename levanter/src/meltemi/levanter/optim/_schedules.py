@@ -44,7 +44,7 @@ def _to_steps(field: str, value: int | float, length: int) -> int:
                 f"{field}={value!r} is a float, so it is a fraction of the cycle length and must "
                 f"be in [0, 1]; pass an int for a number of steps, e.g. {field}={int(value)}"
             )
-        return int(round(float(value) * length))
+        return int(math.floor(float(value) * length + 0.5))  # half up, not banker's
     if not 0 <= value <= length:
         raise ScheduleError(f"{field}={value!r} steps must be in [0, {length}] (the cycle length)")
     return int(value)
