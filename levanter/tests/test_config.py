@@ -139,3 +139,22 @@ def test_json_round_trip_keeps_values_and_provenance(config_file):
     assert again.config.to_dict() == resolved.config.to_dict()
     assert again.provenance == resolved.provenance
     assert json.loads(resolved.to_json())["overrides"] == ["trainer.seed=5"]
+
+
+def test_union_field_keeps_int_steps_and_float_fractions(config_file):
+    steps = cfg.load_config(config_file, [("optimizer.warmup", "100")]).config
+    fraction = cfg.load_config(config_file, [("optimizer.warmup", "0.1")]).config
+    assert steps.optimizer.warmup == 100 and isinstance(steps.optimizer.warmup, int)
+    assert fraction.optimizer.warmup == 0.1
+
+
+def test_preset_placeholder_takes_typed_value(config_file):
+    resolved = cfg.load_config(config_file, [("model.num_layers", "3")])
+    assert resolved.config.model.num_layers == 3
+    with pytest.raises(cfg.ConfigTypeError, match=r"not a valid int"):
+        cfg.load_config(config_file, [("model.num_layers", "three")])
+
+
+def test_optional_field_accepts_a_literal(config_file):
+    resolved = cfg.load_config(config_file, [("optimizer.max_grad_norm", "((0, 1.0), (50, 0.2))")])
+    assert resolved.config.optimizer.max_grad_norm == ((0, 1.0), (50, 0.2))

@@ -2,11 +2,46 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_collections
+from ml_collections.config_dict import FieldReference, placeholder
+
+from meltemi.levanter.optim import OptimizerConfig
+from meltemi.models import ModelConfig
 
 # Mesh axes, outermost first. `replica` and `data` are pure data parallelism, `fsdp` shards
 # parameters and optimizer state too, `tensor` shards within a layer, `expert` shards experts.
 MESH_AXES = ("replica", "data", "fsdp", "expert", "tensor")
+
+
+_SIMPLE = {"int": int, "float": float, "str": str, "bool": bool}
+# ModelConfig fields the trainer does not expose: the tokenizer decides them, or they nest.
+_MODEL_SKIP = ("vocab_size", "rope", "moe", "bos_token_id", "eos_token_id")
+
+
+def _model_section() -> ml_collections.ConfigDict:
+    section = ml_collections.ConfigDict()
+    section.preset = ""
+    for field in dataclasses.fields(ModelConfig):
+        if field.name in _MODEL_SKIP:
+            continue
+        kind = str(field.type).replace(" | None", "")
+        section[field.name] = placeholder(_SIMPLE.get(kind, object))
+    section.rope_theta = placeholder(float)
+    return section
+
+
+def _optimizer_section() -> ml_collections.ConfigDict:
+    section = ml_collections.ConfigDict()
+    for field in dataclasses.fields(OptimizerConfig):
+        if field.name == "total_steps":
+            continue
+        if str(field.type) in _SIMPLE:
+            section[field.name] = field.default
+        else:  # unions (steps or fraction, value or schedule, or None): any Python literal
+            section[field.name] = FieldReference(field.default, field_type=object)
+    return section
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -18,8 +53,8 @@ def base_config() -> ml_collections.ConfigDict:
     Example:
         >>> from meltemi.levanter.config import base_config
         >>> config = base_config()
-        >>> config.trainer.num_train_steps, config.mesh.ici.data
-        (1000, -1)
+        >>> config.trainer.num_train_steps, config.mesh.ici.data, config.model.preset
+        (1000, -1, 'tiny-llama')
     """
     c = ml_collections.ConfigDict()
     c.name = "run"
@@ -36,8 +71,6 @@ def base_config() -> ml_collections.ConfigDict:
     c.trainer.microbatches = 1
     c.trainer.param_dtype = "float32"
     c.trainer.compute_dtype = "float32"
-    # Rematerialisation of the layer stack: none, full, save_carries or offload_carries.
-    c.trainer.remat = "none"
     c.trainer.z_loss = 1e-4
     c.trainer.log_every = 1
     c.trainer.progress_bar = True
@@ -69,35 +102,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh.ici = ml_collections.ConfigDict({a: (-1 if a == "data" else 1) for a in MESH_AXES})
     c.mesh.dcn = ml_collections.ConfigDict({a: (-1 if a == "data" else 1) for a in MESH_AXES})
 
-    c.model = ml_collections.ConfigDict()
-    # A preset name of meltemi.models (e.g. "llama-tiny", "marin-32b"); fields below that are
-    # set (non-zero) override the preset.
-    c.model.preset = "llama-tiny"
-    c.model.family = ""
-    c.model.hidden_dim = 0
-    c.model.intermediate_dim = 0
-    c.model.num_layers = 0
-    c.model.num_heads = 0
-    c.model.num_kv_heads = 0
-    c.model.head_dim = 0
-    c.model.seq_len = 0
+    # A preset of meltemi.models (e.g. "tiny-llama", "marin-32b"); every other model key is
+    # None ("the preset's value") unless set. vocab_size comes from the tokenizer.
+    c.model = _model_section()
+    c.model.preset = "tiny-llama"
 
-    c.optimizer = ml_collections.ConfigDict()
-    c.optimizer.name = "adamw"
-    c.optimizer.learning_rate = 3e-3
-    c.optimizer.min_lr_ratio = 0.1
-    c.optimizer.schedule = "wsd"
-    c.optimizer.warmup = 0.05
-    c.optimizer.decay = 0.4
-    c.optimizer.beta1 = 0.9
-    c.optimizer.beta2 = 0.95
-    c.optimizer.epsilon = 1e-8
-    c.optimizer.weight_decay = 0.1
-    c.optimizer.max_grad_norm = 1.0
-    c.optimizer.skip_step = False
-    c.optimizer.skip_window = 128
-    c.optimizer.skip_sigma = 2.0
-    c.optimizer.ema_beta = 0.0
+    # The fields of meltemi.levanter.optim.OptimizerConfig (total_steps is
+    # trainer.num_train_steps).
+    c.optimizer = _optimizer_section()
 
     c.data = ml_collections.ConfigDict()
     # "stdlib": the Python standard library source shipped with the interpreter.

@@ -116,6 +116,13 @@ def parse_value(key: str, raw: str, field_type: type, how: str = "--config.") ->
             return float(raw)
         if field_type is str:
             return raw
+        if field_type in (object, type(None)):
+            if raw.lower() in _TRUE - {"1"} or raw.lower() in _FALSE - {"0"}:
+                return raw.lower() in _TRUE
+            try:
+                return ast.literal_eval(raw)
+            except (ValueError, SyntaxError):
+                return raw  # a bare word: a string
         value = ast.literal_eval(raw)
         if field_type in (tuple, list):
             if not isinstance(value, (tuple, list)):
@@ -123,8 +130,6 @@ def parse_value(key: str, raw: str, field_type: type, how: str = "--config.") ->
             return field_type(value)
         return value
     except (ValueError, SyntaxError):
-        if field_type is type(None):
-            return raw
         example = {bool: "true", int: "3", float: "0.001", str: "text", tuple: "'(1, 2)'"}
         hint = example.get(field_type, repr(raw))
         raise ConfigTypeError(
@@ -289,9 +294,18 @@ class ResolvedConfig:
     def from_json(cls, text: str) -> ResolvedConfig:
         """Reads what `to_json` wrote (e.g. a checkpoint's config)."""
         data = json.loads(text)
-        config = ml_collections.ConfigDict(data["config"])
+        config = ml_collections.ConfigDict(_tuples(data["config"]))
         config.lock()
         return cls(config, data["provenance"], data["spec"], tuple(data["overrides"]))
+
+
+def _tuples(value: Any) -> Any:
+    # JSON has no tuples: config sequences are tuples, so lists read back become tuples again.
+    if isinstance(value, dict):
+        return {k: _tuples(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value
 
 
 def parse_override_args(argv: Sequence[str], flag: str = "config") -> list[tuple[str, str]]:

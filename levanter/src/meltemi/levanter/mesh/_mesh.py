@@ -139,25 +139,19 @@ def make_mesh(
 
 
 # Logical (model) axis -> mesh axes. Parameters are sharded over `fsdp` along the embedding
-# axis and over `tensor` along heads/MLP/vocab; activations split the batch over every
-# data-parallel axis (replica, data and fsdp) and keep `embed` whole.
+# axis and over `tensor` along heads/MLP/vocab, experts over `expert`; activations split the
+# batch over every data-parallel axis (replica, data and fsdp) and keep `embed` whole.
 BATCH_AXES = ("replica", "data", "fsdp")
 PARAMETER_RULES: dict[str, str | tuple[str, ...] | None] = {
     "embed": "fsdp",
     "mlp": "tensor",
-    "heads": "tensor",
     "kv_heads": "tensor",
-    "q_heads_per_group": None,
+    "heads": "tensor",
     "vocab": "tensor",
     "experts": "expert",
-    "layers": None,
     "batch": BATCH_AXES,
 }
-COMPUTE_RULES: dict[str, str | tuple[str, ...] | None] = {
-    **PARAMETER_RULES,
-    "embed": None,
-    "batch": BATCH_AXES,
-}
+COMPUTE_RULES: dict[str, str | tuple[str, ...] | None] = {**PARAMETER_RULES, "embed": None}
 
 
 def data_parallel_size(mesh: jax.sharding.Mesh) -> int:

@@ -1,0 +1,65 @@
+"""The trainer: the jitted step, the loop, checkpoint/resume, evaluation and the dry run.
+
+Example:
+    >>> import jax.numpy as jnp, optax
+    >>> from meltemi.levanter.trainer import init_state
+    >>> int(init_state({"w": jnp.zeros(2)}, optax.sgd(0.1)).step)
+    0
+"""
+
+from meltemi.levanter.trainer._loop import (
+    PREEMPTED_EXIT_CODE,
+    RunResult,
+    Trainer,
+    TrainerError,
+    compute_context,
+    measure_peak_flops,
+    resolve_run_dir,
+    train,
+)
+from meltemi.levanter.trainer._parts import BatchSource, EvalSet, RunParts
+from meltemi.levanter.trainer._schedule import BatchScheduleError, BatchSizes
+from meltemi.levanter.trainer._sharding import (
+    batch_sharding,
+    global_batch,
+    tree_shardings,
+    with_shardings,
+)
+from meltemi.levanter.trainer._step import (
+    DTYPES,
+    TrainState,
+    cast_floating,
+    init_state,
+    loss_and_grads,
+    make_train_step,
+    split_microbatches,
+    token_weight,
+)
+
+__all__ = [
+    "DTYPES",
+    "PREEMPTED_EXIT_CODE",
+    "BatchScheduleError",
+    "BatchSizes",
+    "BatchSource",
+    "EvalSet",
+    "RunParts",
+    "RunResult",
+    "TrainState",
+    "Trainer",
+    "TrainerError",
+    "batch_sharding",
+    "cast_floating",
+    "compute_context",
+    "global_batch",
+    "init_state",
+    "loss_and_grads",
+    "make_train_step",
+    "measure_peak_flops",
+    "resolve_run_dir",
+    "split_microbatches",
+    "token_weight",
+    "train",
+    "tree_shardings",
+    "with_shardings",
+]

@@ -1,0 +1,208 @@
+"""The train step: one jitted function from (state, batch) to (state, metrics).
+
+forward -> loss (with z-loss) -> `value_and_grad` (accumulated over microbatches) ->
+optimizer update (clipping, skip-step, EMA live in the optimizer chain) -> new state.
+The state's buffers are donated, so parameters and optimizer state are updated in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+
+Batch = Mapping[str, jax.Array]
+# loss_fn(model, batch) -> mean loss over the batch's loss tokens (a scalar).
+LossFn = Callable[[Any, Batch], jax.Array]
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+class TrainState(eqx.Module):
+    """Everything a step changes: the step count, the parameters and the optimizer state.
+
+    Attributes:
+        step: completed steps (int32 scalar); the next step reads the batch of this index.
+        params: the model's arrays (`eqx.partition(model, eqx.is_array)[0]`).
+        opt_state: the optimizer's state (EMA, skip-step history, ... included).
+    """
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+
+
+def init_state(params: Any, optimizer: optax.GradientTransformation) -> TrainState:
+    """The state before the first step.
+
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> state = init_state({"w": jnp.zeros(3)}, optax.sgd(0.1))
+        >>> int(state.step)
+        0
+    """
+    return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
+
+
+def cast_floating(tree: Any, dtype: Any) -> Any:
+    """Casts the floating arrays of a pytree to `dtype` (integers are left alone)."""
+
+    def cast(x):
+        if eqx.is_array(x) and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype:
+            return x.astype(dtype)
+        return x
+
+    return jax.tree.map(cast, tree)
+
+
+def token_weight(batch: Batch) -> jax.Array:
+    """How many loss tokens a (micro)batch holds: the weight of its mean loss."""
+    if "loss_mask" in batch:
+        return jnp.sum(batch["loss_mask"].astype(jnp.float32))
+    return jnp.asarray(batch["tokens"].size, jnp.float32)
+
+
+def split_microbatches(batch: Batch, microbatches: int) -> Batch:
+    """Reshapes every (B, ...) array to (microbatches, B / microbatches, ...).
+
+    Row `i * microbatches + j` goes to microbatch `j`, so each device (which holds a contiguous
+    block of rows) contributes equally to every microbatch and no data moves between devices.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> split_microbatches({"tokens": jnp.arange(6)[:, None]}, 2)["tokens"][:, :, 0].tolist()
+        [[0, 2, 4], [1, 3, 5]]
+    """
+
+    def split(x):
+        rows = x.shape[0]
+        x = x.reshape((rows // microbatches, microbatches) + x.shape[1:])
+        return jnp.swapaxes(x, 0, 1)
+
+    return {k: split(v) for k, v in batch.items()}
+
+
+def loss_and_grads(
+    loss_fn: LossFn,
+    static: Any,
+    params: Any,
+    batch: Batch,
+    *,
+    microbatches: int = 1,
+    compute_dtype: Any = jnp.float32,
+) -> tuple[jax.Array, Any]:
+    """Mean loss over the batch's loss tokens and its gradient in the parameters' dtype.
+
+    With `microbatches > 1` the batch is processed in a `scan`, accumulating gradients in
+    float32 weighted by each microbatch's loss-token count, so the result is the gradient of
+    the whole batch's mean loss (up to summation order).
+    """
+
+    def micro_loss(p, micro):
+        model = eqx.combine(cast_floating(p, compute_dtype), static)
+        return loss_fn(model, micro).astype(jnp.float32)
+
+    grad_fn = jax.value_and_grad(micro_loss)
+    if microbatches == 1:
+        return grad_fn(params, batch)
+
+    micro = split_microbatches(batch, microbatches)
+    total = token_weight(batch)
+
+    def body(carry, mb):
+        loss_acc, grad_acc = carry
+        loss, grads = grad_fn(params, mb)
+        w = token_weight(mb) / total
+        grad_acc = jax.tree.map(lambda a, g: a + w * g.astype(jnp.float32), grad_acc, grads)
+        return (loss_acc + w * loss, grad_acc), None
+
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    (loss, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), micro)
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+    return loss, grads
+
+
+def make_train_step(
+    loss_fn: LossFn,
+    optimizer: optax.GradientTransformation,
+    static: Any,
+    *,
+    microbatches: int = 1,
+    compute_dtype: Any = jnp.float32,
+    metrics_fn: Callable[[Any], Mapping[str, jax.Array]] | None = None,
+    state_sharding: Any = None,
+    batch_sharding: Any = None,
+    mesh: Any = None,
+    jit: bool = True,
+) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
+    """Builds the jitted step `(state, batch) -> (state, metrics)`, donating `state`.
+
+    Args:
+        loss_fn: `loss_fn(model, batch)` -> mean loss (z-loss included) over loss tokens.
+        optimizer: the optax transform (called with `loss=` when it accepts extra args).
+        static: the model's non-array part (`eqx.partition(model, eqx.is_array)[1]`).
+        microbatches: gradient accumulation factor; must divide the batch size.
+        compute_dtype: dtype the parameters are cast to for the forward/backward pass
+            (parameters, gradients and optimizer state stay in their own dtype).
+        metrics_fn: extracts logged scalars from the new optimizer state.
+        state_sharding: shardings of the state (in and out); None lets jit decide.
+        batch_sharding: shardings of the batch.
+        mesh: the mesh (metrics are replicated on it); needed with `state_sharding`.
+        jit: return the un-jitted function (for `jax.eval_shape` or composition).
+
+    Returns:
+        The step. Metrics: `train/loss`, `optim/grad_norm`, `optim/update_norm`,
+        `optim/skipped` plus whatever `metrics_fn` reports (prefixed `optim/`).
+
+    Example:
+        >>> import equinox as eqx, jax, jax.numpy as jnp, optax
+        >>> model = eqx.nn.Linear(3, 1, key=jax.random.key(0))
+        >>> params, static = eqx.partition(model, eqx.is_array)
+        >>> loss = lambda m, b: jnp.mean((jax.vmap(m)(b["x"])[:, 0] - b["y"]) ** 2)
+        >>> step = make_train_step(loss, optax.sgd(0.1), static)
+        >>> batch = {"x": jnp.ones((5, 3)), "y": jnp.zeros(5)}
+        >>> state, metrics = step(init_state(params, optax.sgd(0.1)), batch)
+        >>> int(state.step), sorted(metrics)[:2]
+        (1, ['optim/grad_norm', 'optim/skipped'])
+    """
+    takes_extra = isinstance(optimizer, optax.GradientTransformationExtraArgs)
+
+    def step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+        loss, grads = loss_and_grads(
+            loss_fn,
+            static,
+            state.params,
+            batch,
+            microbatches=microbatches,
+            compute_dtype=compute_dtype,
+        )
+        if takes_extra:
+            updates, opt_state = optimizer.update(grads, state.opt_state, state.params, loss=loss)
+        else:
+            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        extra = dict(metrics_fn(opt_state)) if metrics_fn is not None else {}
+        metrics = {
+            "train/loss": loss,
+            "optim/grad_norm": optax.tree.norm(grads),
+            "optim/update_norm": optax.tree.norm(updates),
+            "optim/skipped": jnp.asarray(extra.pop("skip/skipped", 0), jnp.float32),
+        }
+        metrics.update({f"optim/{k}": v for k, v in extra.items()})
+        return TrainState(state.step + 1, params, opt_state), metrics
+
+    if not jit:
+        return step
+    if state_sharding is None:
+        return jax.jit(step, donate_argnums=(0,))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return jax.jit(
+        step,
+        donate_argnums=(0,),
+        in_shardings=(state_sharding, batch_sharding),
+        out_shardings=(state_sharding, replicated),
+    )
