@@ -36,7 +36,10 @@ def random_hf_model(config: ModelConfig, seed: int = 0) -> torch.nn.Module:
     """A randomly initialised HF model; norm weights are randomised too so that a missed
     (1 + w) convention or an unloaded norm cannot hide behind weights of one."""
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(hf_config(config))
+    # The eager expert loop: torch's grouped_mm on CPU needs 16-byte-aligned (not odd) sizes.
+    model = transformers.AutoModelForCausalLM.from_config(
+        hf_config(config), experts_implementation="eager"
+    )
     model = model.float().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -55,7 +58,9 @@ def save_hf(model: torch.nn.Module, directory: pathlib.Path, **kwargs) -> pathli
 
 
 def load_hf(directory: pathlib.Path) -> torch.nn.Module:
-    return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        directory, dtype=torch.float32, experts_implementation="eager"
+    ).eval()
 
 
 def hf_logits(model: torch.nn.Module, tokens: np.ndarray, mask: np.ndarray | None = None):

@@ -6,6 +6,7 @@
 ('llama', 3)
 """
 
+from meltemi.models._axes import AXIS_NAMES
 from meltemi.models._config import (
     ACTIVATIONS,
     FAMILIES,
@@ -17,12 +18,21 @@ from meltemi.models._config import (
 )
 from meltemi.models._counting import flops_per_token, param_count
 from meltemi.models._hf_config import HfConfigError, from_hf_config, to_hf_config
+from meltemi.models._layers import LayerCache
+from meltemi.models._moe import MoeMlp
 from meltemi.models._presets import get_preset, list_presets
 from meltemi.models._safetensors import SafetensorsError
+from meltemi.models._transformer import Block, Transformer, init
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AXIS_NAMES",
+    "Block",
+    "LayerCache",
+    "MoeMlp",
+    "Transformer",
+    "init",
     "ACTIVATIONS",
     "FAMILIES",
     "REMAT_POLICIES",

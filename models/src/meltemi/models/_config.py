@@ -15,7 +15,7 @@ from typing import Any, Literal
 FAMILIES = ("llama", "qwen3", "mixtral", "qwen3_moe", "gpt2", "gemma")
 Family = Literal["llama", "qwen3", "mixtral", "qwen3_moe", "gpt2", "gemma"]
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")
-REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+REMAT_POLICIES = ("none", "save_carries", "full", "offload")
 MOE_DISPATCH = ("dropless", "capacity")
 
 
@@ -205,8 +205,10 @@ class ModelConfig:
         tie_embeddings: share the input embedding with the output projection.
         qk_norm: RMS-normalise each head's queries and keys before RoPE (Qwen3).
         moe: expert settings for the MoE families, `None` for dense ones.
-        remat: rematerialisation of each scanned block: `none`, `full` (save only block
-            inputs), `dots_saveable`, `dots_with_no_batch_dims_saveable` (jax checkpoint policies).
+        remat: rematerialisation of the scanned blocks (a `hax.ScanCheckpointPolicy` kind):
+            `none` (keep everything), `save_carries` (keep each block's input, recompute its
+            inside), `full` (recompute everything from the first input), `offload` (like
+            `save_carries`, with the block inputs in host memory where supported).
         scan_layers: run the blocks with a scan (one compile for all layers) or unrolled.
         initializer_range: std of the normal initialiser of weight matrices.
         bos_token_id: kept for HF `config.json` round trips.
@@ -233,7 +235,7 @@ class ModelConfig:
     tie_embeddings: bool = False
     qk_norm: bool = False
     moe: MoeConfig | None = None
-    remat: str = "full"
+    remat: str = "save_carries"
     scan_layers: bool = True
     initializer_range: float = 0.02
     bos_token_id: int | None = None
@@ -300,7 +302,7 @@ class ModelConfig:
                 "remat",
                 self.remat,
                 f"must be one of {REMAT_POLICIES}",
-                'remat="full"',
+                'remat="save_carries"',
             )
         if not self.norm_eps > 0:
             _fail("ModelConfig", "norm_eps", self.norm_eps, "must be > 0", "norm_eps=1e-5")

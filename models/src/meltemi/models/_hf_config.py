@@ -73,7 +73,7 @@ def to_hf_config(config: ModelConfig) -> dict[str, Any]:
         "tie_word_embeddings": config.tie_embeddings,
         "bos_token_id": config.bos_token_id,
         "eos_token_id": config.eos_token_id,
-        "torch_dtype": "float32",
+        "dtype": "float32",
     }
     if config.family == "gpt2":
         out.update(
@@ -179,7 +179,7 @@ def from_hf_config(d: dict[str, Any]) -> ModelConfig:
 
     >>> from meltemi.models import get_preset
     >>> cfg = get_preset("tiny-qwen3-moe")
-    >>> from_hf_config(to_hf_config(cfg)) == cfg.replace(remat="full")
+    >>> from_hf_config(to_hf_config(cfg)) == cfg
     True
     """
     model_type = d.get("model_type")

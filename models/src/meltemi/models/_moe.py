@@ -1,0 +1,106 @@
+"""The mixture-of-experts MLP (Mixtral, Qwen3-MoE): router plus SwiGLU experts, two paths."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+import meltemi.haliax as hax
+import meltemi.haliax.nn as hnn
+from meltemi.haliax import random as hrandom
+from meltemi.models import _moe_kernels as K
+from meltemi.models._axes import BATCH, EMBED, EXPERTS, MLP, POSITION, ModelAxes
+from meltemi.models._config import ModelConfig, MoeConfig
+from meltemi.models._layers import activation, raw_activation
+
+
+def _expert_weight(key: jax.Array, axes: tuple[hax.Axis, ...], fan_in: int) -> hax.NamedArray:
+    return hrandom.truncated_normal(key, axes, -3, 3) * (1.0 / fan_in**0.5)
+
+
+class MoeMlp(eqx.Module):
+    """Top-k routed SwiGLU experts.
+
+    Parameters: `router` (`embed -> experts`), `gate_proj`/`up_proj` over
+    `(experts, mlp, embed)` and `down_proj` over `(experts, embed, mlp)` (PyTorch's out-first
+    layout, one matrix per expert).
+
+    Calling it on `(batch, position, embed)` returns the output and a dict of per-layer
+    statistics: `load_balancing`, `router_z` and `dropped` (fraction of assignments dropped by
+    the capacity path; always 0 for the dropless one).
+    """
+
+    router: hnn.Linear
+    gate_proj: hax.NamedArray
+    up_proj: hax.NamedArray
+    down_proj: hax.NamedArray
+    moe: MoeConfig = eqx.field(static=True)
+    act: str = eqx.field(static=True)
+
+    @staticmethod
+    def init(config: ModelConfig, *, key: jax.Array) -> MoeMlp:
+        assert config.moe is not None
+        ax = ModelAxes(config)
+        kr, kg, ku, kd = jax.random.split(key, 4)
+        router = hnn.Linear.init(ax.Embed, ax.Experts, key=kr, use_bias=False)
+        d, i = ax.Embed.size, ax.Mlp.size
+        gate = _expert_weight(kg, (ax.Experts, ax.Mlp, ax.Embed), d)
+        up = _expert_weight(ku, (ax.Experts, ax.Mlp, ax.Embed), d)
+        down = _expert_weight(kd, (ax.Experts, ax.Embed, ax.Mlp), i)
+        return MoeMlp(router, gate, up, down, config.moe, config.activation)
+
+    def __call__(
+        self, x: hax.NamedArray, *, token_mask: hax.NamedArray | None = None
+    ) -> tuple[hax.NamedArray, dict[str, jax.Array]]:
+        x = x.rearrange((BATCH, POSITION, EMBED))
+        batch, seq, d = x.array.shape
+        logits = self.router(x).astype(jnp.float32).rearrange((BATCH, POSITION, EXPERTS))
+        probs, weights, experts = K.route(
+            logits.array, self.moe.top_k, normalize=self.moe.norm_topk_prob
+        )
+        weights = weights.astype(x.dtype)
+        act = raw_activation(self.act)
+        if self.moe.dispatch == "dropless":
+            out = K.dropless(
+                x.array.reshape(-1, d),
+                weights.reshape(-1, self.moe.top_k),
+                experts.reshape(-1, self.moe.top_k),
+                self.gate_proj.rearrange((EXPERTS, EMBED, MLP)).array,
+                self.up_proj.rearrange((EXPERTS, EMBED, MLP)).array,
+                self.down_proj.rearrange((EXPERTS, MLP, EMBED)).array,
+                act,
+            )
+            y = hax.named(out.reshape(batch, seq, d), x.axes)
+            dropped = jnp.zeros((), jnp.float32)
+        else:
+            y, kept = self._capacity(x, weights, experts)
+            dropped = 1.0 - jnp.mean(kept.astype(jnp.float32))
+        mask = None if token_mask is None else token_mask.rearrange((BATCH, POSITION)).array
+        load_balancing, router_z = K.aux_losses(
+            logits.array.reshape(-1, logits.array.shape[-1]),
+            probs.reshape(-1, probs.shape[-1]),
+            experts.reshape(-1, self.moe.top_k),
+            None if mask is None else mask.reshape(-1),
+        )
+        stats = {"load_balancing": load_balancing, "router_z": router_z, "dropped": dropped}
+        return y, stats
+
+    def _capacity(
+        self, x: hax.NamedArray, weights: jax.Array, experts: jax.Array
+    ) -> tuple[hax.NamedArray, jax.Array]:
+        Batch, Pos = x.resolve_axis(BATCH), x.resolve_axis(POSITION)  # noqa: N806
+        Experts = self.gate_proj.resolve_axis(EXPERTS)  # noqa: N806
+        Capacity = hax.Axis("capacity", self.moe.capacity(Pos.size))  # noqa: N806
+        dispatch, combine, kept = K.capacity_dispatch(weights, experts, Experts.size, Capacity.size)
+        axes = (Batch, Pos, Experts, Capacity)
+        dispatch = hax.named(dispatch.astype(x.dtype), axes)
+        combine = hax.named(combine.astype(x.dtype), axes)
+        # (batch, experts, capacity, embed): sharded like the expert weights by the mapping.
+        expert_in = hax.shard(hax.dot(dispatch, x, axis=POSITION))
+        gate = hax.dot(expert_in, self.gate_proj, axis=EMBED)
+        up = hax.dot(expert_in, self.up_proj, axis=EMBED)
+        h = activation(self.act)(gate) * up
+        expert_out = hax.shard(hax.dot(h, self.down_proj, axis=MLP))
+        y = hax.dot(combine, expert_out, axis=(EXPERTS, "capacity"))
+        return y.rearrange((BATCH, POSITION, EMBED)), kept

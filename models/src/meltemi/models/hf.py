@@ -1,0 +1,380 @@
+"""Hugging Face checkpoints: `load`, `save` and cross-architecture `warm_start`.
+
+A checkpoint directory holds `config.json`, `model.safetensors` or sharded
+`model-0000k-of-0000n.safetensors` files with `model.safetensors.index.json`, and usually
+`generation_config.json` and tokenizer files. `save` also writes `meltemi_config.json` (the full
+`ModelConfig`, including fields Hugging Face has no place for, such as the MoE dispatch path),
+which `load` prefers when it agrees with `config.json`.
+
+>>> import jax, tempfile
+>>> import meltemi.models as mm
+>>> from meltemi.models import hf
+>>> cfg = mm.get_preset("tiny-gemma")
+>>> model = mm.init(cfg, key=jax.random.key(0))
+>>> d = tempfile.mkdtemp()
+>>> files = hf.save(model, cfg, d)
+>>> loaded, loaded_cfg = hf.load(d)
+>>> loaded_cfg == cfg
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+import shutil
+from collections.abc import Mapping
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+
+from meltemi.models import _hf_keys
+from meltemi.models._config import ConfigError, ModelConfig
+from meltemi.models._hf_config import HfConfigError, from_hf_config, to_hf_config
+from meltemi.models._safetensors import DEFAULT_SHARD_BYTES, read_sharded, write_sharded
+from meltemi.models._transformer import Transformer
+
+__all__ = [
+    "CheckpointError",
+    "LoadReport",
+    "load",
+    "load_config",
+    "save",
+    "warm_start",
+    "state_dict",
+    "eos_token_id_of",
+]
+
+logger = logging.getLogger(__name__)
+
+MELTEMI_CONFIG = "meltemi_config.json"
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint's tensors do not match the model (missing or unexpected keys, shapes)."""
+
+
+CheckpointError.__module__ = "meltemi.models.hf"
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadReport:
+    """What loading a checkpoint into a model did, key by key (HF names).
+
+    Attributes:
+        loaded: keys copied into the model.
+        initialized: keys the checkpoint lacks that were set to their identity value
+            (e.g. the q/k norm weights of a Qwen3 model warm-started from Llama) -> the value.
+        missing: keys the checkpoint lacks that kept the template's (random) initial values.
+        unexpected: checkpoint keys the model has no place for (not loaded).
+        ignored: known non-parameter buffers (e.g. GPT-2's `attn.bias` masks), skipped.
+    """
+
+    loaded: tuple[str, ...]
+    initialized: Mapping[str, str]
+    missing: tuple[str, ...]
+    unexpected: tuple[str, ...]
+    ignored: tuple[str, ...]
+
+    @property
+    def exact(self) -> bool:
+        """Every model tensor came from the checkpoint and every checkpoint tensor was used."""
+        return not (self.initialized or self.missing or self.unexpected)
+
+    def __str__(self) -> str:
+        lines = [f"loaded {len(self.loaded)} tensors"]
+        if self.initialized:
+            lines.append(f"initialized (absent from the checkpoint): {dict(self.initialized)}")
+        if self.missing:
+            lines.append(f"missing (kept at their initial values): {list(self.missing)}")
+        if self.unexpected:
+            lines.append(f"unexpected (not loaded): {list(self.unexpected)}")
+        if self.ignored:
+            lines.append(f"ignored buffers: {list(self.ignored)}")
+        return "\n".join(lines)
+
+
+def _read_json(path: pathlib.Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{path} does not exist; is {path.parent} a Hugging Face checkpoint directory?"
+        ) from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e}") from e
+
+
+def load_config(directory: str | os.PathLike) -> ModelConfig:
+    """The `ModelConfig` of a checkpoint directory (`meltemi_config.json` if it agrees with
+    `config.json`, else `config.json`)."""
+    directory = pathlib.Path(directory)
+    config = from_hf_config(_read_json(directory / "config.json"))
+    ours = directory / MELTEMI_CONFIG
+    if ours.exists():
+        full = ModelConfig.from_dict(_read_json(ours))
+        if from_hf_config(to_hf_config(full)) == config:
+            return full
+        logger.warning("%s disagrees with config.json (edited by hand?); using config.json", ours)
+    return config
+
+
+def _normalize_keys(tensors: Mapping[str, Any], config: ModelConfig) -> Mapping[str, Any]:
+    # GPT-2 checkpoints from the original release lack the `transformer.` prefix.
+    if (
+        config.family == "gpt2"
+        and "transformer.wte.weight" not in tensors
+        and "wte.weight" in tensors
+    ):
+        return {
+            (k if k.startswith("lm_head.") else "transformer." + k): tensors[k] for k in tensors
+        }
+    return tensors
+
+
+def _template(config: ModelConfig, key: jax.Array | None) -> Transformer:
+    if key is None:
+        return eqx.filter_eval_shape(Transformer.init, config, key=jax.random.key(0))
+    return Transformer.init(config, key=key)
+
+
+def _load_into(
+    config: ModelConfig,
+    directory: pathlib.Path,
+    *,
+    dtype: Any,
+    init_missing_norms: bool,
+    key: jax.Array | None,
+) -> tuple[Transformer, LoadReport]:
+    tensors = _normalize_keys(read_sharded(directory), config)
+    expected = set(_hf_keys.expected_keys(config))
+    ignored = sorted(k for k in tensors if k not in expected and _hf_keys.is_ignorable(k, config))
+    unexpected = sorted(k for k in tensors if k not in expected and k not in ignored)
+    needs_init = [
+        k
+        for spec in _hf_keys.specs_for(config)
+        if not (init_missing_norms and spec.identity is not None)
+        for k, _ in _hf_keys._expand(spec, config)
+        if k not in tensors
+    ]
+    if needs_init and key is None:
+        key = jax.random.key(0)
+    template = _template(config, key if needs_init else None)
+    model, loaded, initialized, missing = _hf_keys.from_state_dict(
+        template, tensors, dtype=dtype, init_missing_norms=init_missing_norms
+    )
+    report = LoadReport(
+        tuple(loaded), initialized, tuple(missing), tuple(unexpected), tuple(ignored)
+    )
+    return model, report
+
+
+def load(
+    directory: str | os.PathLike,
+    *,
+    config: ModelConfig | None = None,
+    dtype: Any = None,
+) -> tuple[Transformer, ModelConfig]:
+    """Loads a Hugging Face (or `save`d) checkpoint exactly.
+
+    Args:
+        directory: the checkpoint directory.
+        config: the model to build (default: the checkpoint's own config).
+        dtype: parameter dtype (default: the checkpoint's).
+
+    Returns:
+        `(model, config)`.
+
+    Raises:
+        CheckpointError: a tensor is missing or unexpected (use `warm_start` to load across
+            architectures), naming every such key.
+    """
+    directory = pathlib.Path(directory)
+    config = config or load_config(directory)
+    model, report = _load_into(config, directory, dtype=dtype, init_missing_norms=False, key=None)
+    if report.missing or report.unexpected:
+        raise CheckpointError(
+            f"{directory} does not match a {config.family} model of this config:\n{report}\n"
+            "To load weights across architectures (e.g. Llama -> Qwen3), use "
+            "meltemi.models.hf.warm_start(directory, config)"
+        )
+    return model, config
+
+
+def warm_start(
+    directory: str | os.PathLike,
+    config: ModelConfig,
+    *,
+    dtype: Any = None,
+    key: jax.Array | None = None,
+    allow_missing: bool = False,
+) -> tuple[Transformer, LoadReport]:
+    """Loads a checkpoint of a related architecture into a model of `config`.
+
+    Tensors the checkpoint lacks but that have an identity value (norm weights, such as the
+    q/k norms Qwen3 adds to Llama) are set to it; the report lists them under `initialized`.
+    Checkpoint tensors the model has no place for are listed under `unexpected`. Other missing
+    tensors are an error unless `allow_missing` (then they keep a random initialisation from
+    `key` and are listed under `missing`). Nothing is dropped silently: the report is also
+    logged.
+
+    Returns:
+        `(model, report)`.
+    """
+    directory = pathlib.Path(directory)
+    model, report = _load_into(config, directory, dtype=dtype, init_missing_norms=True, key=key)
+    if report.missing and not allow_missing:
+        raise CheckpointError(
+            f"warm start from {directory}: the checkpoint lacks tensors with no identity "
+            f"value:\n{report}\nPass allow_missing=True to initialise them randomly"
+        )
+    logger.warning("warm start from %s into a %s model:\n%s", directory, config.family, report)
+    return model, report
+
+
+def state_dict(model: Transformer, dtype: Any = None) -> dict[str, np.ndarray]:
+    """The model's tensors under their Hugging Face names and layouts (numpy)."""
+    return _hf_keys.to_state_dict(model, dtype)
+
+
+def _token_id(directory: pathlib.Path, token: str) -> int | None:
+    path = directory / "tokenizer.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    for added in data.get("added_tokens", []):
+        if added.get("content") == token:
+            return int(added["id"])
+    vocab = (data.get("model") or {}).get("vocab")
+    if isinstance(vocab, dict) and token in vocab:
+        return int(vocab[token])
+    if isinstance(vocab, list):
+        for i, entry in enumerate(vocab):
+            if entry and entry[0] == token:
+                return i
+    return None
+
+
+def eos_token_id_of(tokenizer: Any) -> int | None:
+    """The eos id of a tokenizer: a transformers tokenizer (`.eos_token_id`) or a directory
+    holding `tokenizer_config.json` (its `eos_token`) and `tokenizer.json`."""
+    if hasattr(tokenizer, "eos_token_id"):
+        eos = tokenizer.eos_token_id
+        return None if eos is None else int(eos)
+    directory = pathlib.Path(tokenizer)
+    cfg_path = directory / "tokenizer_config.json"
+    if not cfg_path.exists():
+        raise ConfigError(
+            f"tokenizer={str(tokenizer)!r}: expected a transformers tokenizer or a directory "
+            "with tokenizer_config.json and tokenizer.json"
+        )
+    eos = json.loads(cfg_path.read_text()).get("eos_token")
+    if isinstance(eos, dict):
+        eos = eos.get("content")
+    if eos is None:
+        return None
+    eos_id = _token_id(directory, eos)
+    if eos_id is None:
+        raise ConfigError(f"{cfg_path}: eos_token {eos!r} is not in {directory / 'tokenizer.json'}")
+    return eos_id
+
+
+def _save_tokenizer(tokenizer: Any, directory: pathlib.Path) -> list[str]:
+    if hasattr(tokenizer, "save_pretrained"):
+        return [pathlib.Path(p).name for p in tokenizer.save_pretrained(str(directory))]
+    src = pathlib.Path(tokenizer)
+    written = []
+    for name in _TOKENIZER_FILES:
+        if (src / name).exists() and src.resolve() != directory.resolve():
+            shutil.copy2(src / name, directory / name)
+            written.append(name)
+    return written
+
+
+def save(
+    model: Transformer,
+    config: ModelConfig | None,
+    directory: str | os.PathLike,
+    tokenizer: Any = None,
+    *,
+    dtype: Any = None,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> list[str]:
+    """Writes a Hugging Face checkpoint that `transformers` loads with `from_pretrained`.
+
+    Writes `config.json`, `meltemi_config.json`, safetensors shards with
+    `model.safetensors.index.json`, `generation_config.json` and, if given, the tokenizer. The
+    eos id in `generation_config.json` and `config.json` is the **tokenizer's** when a tokenizer
+    is given (a mismatch with `config.eos_token_id` is logged), else the config's.
+
+    Args:
+        model: the model.
+        config: its config (`None`: `model.config`); must describe the same architecture.
+        directory: output directory (created).
+        tokenizer: a transformers tokenizer or a directory holding HF tokenizer files.
+        dtype: cast the tensors (e.g. `jnp.bfloat16`); default: as stored.
+        max_shard_bytes: shard size bound.
+
+    Returns:
+        The names of the files written.
+    """
+    directory = pathlib.Path(directory)
+    config = config or model.config
+    if to_hf_config(config) != to_hf_config(model.config):
+        raise ConfigError(
+            "save(model, config, ...): config describes a different architecture than "
+            f"model.config ({config.family} vs {model.config.family}, or different sizes); "
+            "pass config=None to use model.config"
+        )
+    directory.mkdir(parents=True, exist_ok=True)
+    eos = config.eos_token_id
+    written: list[str] = []
+    if tokenizer is not None:
+        tok_eos = eos_token_id_of(tokenizer)
+        if tok_eos is not None and tok_eos != eos:
+            logger.warning(
+                "eos_token_id: the tokenizer says %s, the model config says %s; writing the "
+                "tokenizer's",
+                tok_eos,
+                eos,
+            )
+        eos = tok_eos if tok_eos is not None else eos
+        written += _save_tokenizer(tokenizer, directory)
+    if eos is not None and not 0 <= eos < config.vocab_size:
+        raise ConfigError(
+            f"eos_token_id={eos} is outside the vocabulary (size {config.vocab_size}); "
+            "generation would never stop. Pass the tokenizer the model was trained with"
+        )
+    saved_config = config.replace(eos_token_id=eos)
+    hf_config = to_hf_config(saved_config)
+    if dtype is not None:
+        hf_config["dtype"] = np.dtype(dtype).name
+    hf_config["torch_dtype"] = hf_config["dtype"]  # the key transformers < 5 reads
+    (directory / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    (directory / MELTEMI_CONFIG).write_text(json.dumps(saved_config.to_dict(), indent=2) + "\n")
+    generation = {"_from_model_config": False, "bos_token_id": config.bos_token_id}
+    if eos is not None:
+        generation["eos_token_id"] = eos
+    (directory / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    written += ["config.json", MELTEMI_CONFIG, "generation_config.json"]
+    shards = write_sharded(
+        directory, _hf_keys.to_state_dict(model, dtype), max_shard_bytes=max_shard_bytes
+    )
+    written += [*shards, "model.safetensors.index.json"]
+    return written
+
+
+_ = HfConfigError
