@@ -39,6 +39,14 @@ def test_clip_by_global_norm_follows_a_threshold_schedule():
     np.testing.assert_allclose(norms, [1.0, 1.0, 0.2], rtol=1e-6)
 
 
+def test_scheduled_threshold_clips_bfloat16_gradients_in_their_dtype():
+    tx = optim.clip_by_global_norm(optim.step_schedule([(0, 0.5)]))
+    g = {"a": jnp.full((3, 5), 1.0, jnp.bfloat16)}
+    u, _ = tx.update(g, tx.init(None))
+    assert u["a"].dtype == jnp.bfloat16
+    assert _norm(jax.tree.map(lambda x: x.astype(jnp.float32), u)) == pytest.approx(0.5, rel=1e-2)
+
+
 def test_update_clipping_scales_exactly_to_the_threshold():
     tx = optim.clip_update_norm(window=5, sigma=2.0, warmup=3)
     state = tx.init(None)

@@ -84,6 +84,12 @@ def test_integer_cycles_split_the_run_evenly():
     assert _values(s, [15, 30, 45, 60]) == pytest.approx([1.0, 1.0, 1.0, 1.0])
 
 
+def test_boundaries_are_exact_at_steps_beyond_float32_integers():
+    s = optim.wsd_schedule(1.0, 40_000_000, warmup=0, decay=20_000_001, shape="linear")
+    assert [bool(s.in_decay(t)) for t in (19_999_998, 19_999_999)] == [False, True]
+    assert float(s(19_999_998)) == 1.0
+
+
 def test_schedule_works_on_traced_steps_under_jit():
     s = optim.wsd_schedule(1.0, 100, warmup=5, decay=0.4, cycles=(50,), rewarmup=5)
     steps = jnp.arange(101)

@@ -93,9 +93,20 @@ def clip_by_global_norm(
 
     def update_fn(updates: Any, state: GradClipState, params: Any = None):
         del params
-        threshold = max_norm(state.count) if callable(max_norm) else max_norm
         g_norm = optax.tree_utils.tree_norm(updates)
-        updates, _ = optax.clip_by_global_norm(threshold).update(updates, optax.EmptyState())
+        if callable(max_norm):
+            # optax's formula, with the traced threshold cast to each leaf's dtype (bf16-safe).
+            threshold = jnp.asarray(max_norm(state.count), jnp.float32)
+            keep = jnp.squeeze(g_norm < threshold)
+            updates = jax.tree.map(
+                lambda t: jax.lax.select(
+                    keep, t, (t / g_norm.astype(t.dtype)) * threshold.astype(t.dtype)
+                ),
+                updates,
+            )
+        else:
+            threshold = max_norm
+            updates, _ = optax.clip_by_global_norm(max_norm).update(updates, optax.EmptyState())
         new_state = GradClipState(
             optax.safe_increment(state.count),
             jnp.asarray(g_norm, jnp.float32),

@@ -12,7 +12,8 @@
 | `skip/skipped`, `skip/reason`, `skip/loss`, `skip/grad_norm`, ... | `skip_step` | see below |
 
 `skip/reason` is a bit set (`SKIP_REASONS`): decode it on the host with `skip_reasons(code)`.
-A second transform of the same kind gets a suffix (`grad_norm_1`).
+A second transform of the same kind gets a suffix (`grad_norm_1`); the groups of
+`optax.multi_transform` (Muon's `muon` and `adam`) prefix their names (`muon/learning_rate`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import optax
 
 _READERS: dict[type, Callable[[Any], dict[str, jax.Array]]] = {}
 
@@ -56,25 +58,32 @@ def metrics(opt_state: Any) -> dict[str, jax.Array]:
     """
     out: dict[str, jax.Array] = {}
 
-    def visit(node: Any) -> None:
+    def visit(node: Any, prefix: str) -> None:
+        if isinstance(node, optax.transforms.PartitionState):  # multi_transform: name the group
+            for group in sorted(node.inner_states):
+                visit(node.inner_states[group], f"{prefix}{group}/")
+            return
         reader = _READERS.get(type(node))
         if reader is not None:
             for name, value in reader(node).items():
-                key, i = name, 0
+                key, i = prefix + name, 0
                 while key in out:
                     i += 1
-                    key = f"{name}_{i}"
+                    key = f"{prefix}{name}_{i}"
                 out[key] = value
         # Stats-bearing states can hold others (skip_step holds the whole inner chain).
-        inner = jax.tree_util.tree_leaves(
-            node, is_leaf=lambda x: x is not node and type(x) in _READERS
-        )
-        for child in inner:
-            if child is not node and type(child) in _READERS:
-                visit(child)
+        for child in jax.tree_util.tree_leaves(
+            node, is_leaf=lambda x: x is not node and _is_stop(x)
+        ):
+            if child is not node and _is_stop(child):
+                visit(child, prefix)
 
-    visit(opt_state)
+    visit(opt_state, "")
     return out
+
+
+def _is_stop(x: Any) -> bool:
+    return type(x) in _READERS or isinstance(x, optax.transforms.PartitionState)
 
 
 def skip_reasons(code: int) -> list[str]:

@@ -164,11 +164,12 @@ class Schedule:
 
     def _cycle(self, step: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
         tab = self._table
-        step = jnp.asarray(step)
-        idx = jnp.searchsorted(jnp.asarray(tab["start"][1:], jnp.float32), step, side="right")
+        step = jnp.asarray(step).astype(jnp.int32)  # integer arithmetic: exact at any step
+        starts = jnp.asarray(tab["start"], jnp.int32)
+        idx = jnp.searchsorted(starts[1:], step, side="right")
         row = {k: jnp.asarray(v, jnp.float32)[idx] for k, v in tab.items()}
-        t = jnp.minimum(step.astype(jnp.float32) - row["start"], row["length"])
-        return t, row
+        t = jnp.minimum(step - starts[idx], jnp.asarray(tab["length"], jnp.int32)[idx])
+        return t.astype(jnp.float32), row
 
     def __call__(self, step: jax.Array | int) -> jax.Array:
         t, r = self._cycle(step)
