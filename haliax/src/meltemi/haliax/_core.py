@@ -1,0 +1,632 @@
+"""Axis, NamedArray and the helpers that move axes around by name.
+
+>>> import jax.numpy as jnp
+>>> import meltemi.haliax as hax
+>>> Batch, Embed = hax.Axis("batch", 3), hax.Axis("embed", 5)
+>>> x = hax.named(jnp.ones((3, 5)), (Batch, Embed))
+>>> x.shape
+{'batch': 3, 'embed': 5}
+>>> x.rearrange(("embed", "batch")).axes
+(Axis(name='embed', size=5), Axis(name='batch', size=3))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeAlias
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "Axis",
+    "AxisSelection",
+    "AxisSelector",
+    "AxisSpec",
+    "AxisError",
+    "AxisNotFoundError",
+    "AxisSizeMismatchError",
+    "DuplicateAxisError",
+    "NamedArray",
+    "named",
+    "axis_name",
+    "axis_size",
+    "selects_axis",
+    "concat_axes",
+    "without_axes",
+    "rename",
+    "rearrange",
+    "broadcast_to",
+    "broadcast_axis",
+    "broadcast_arrays",
+    "flatten_axes",
+    "unflatten_axis",
+    "split",
+    "is_named_array",
+    "check_axes_match",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Axis:
+    """A named dimension with a size: `Axis("embed", 4096)`.
+
+    >>> Axis("pos", 13).resize(7)
+    Axis(name='pos', size=7)
+    """
+
+    name: str
+    size: int
+
+    def __post_init__(self):
+        if not isinstance(self.name, str):
+            raise TypeError(f"Axis name must be a str, got {self.name!r}; e.g. Axis('embed', 8)")
+        if not isinstance(self.size, int | np.integer) or isinstance(self.size, bool):
+            raise TypeError(
+                f"Axis {self.name!r}: size must be an int, got {self.size!r} "
+                f"(type {type(self.size).__name__}); e.g. Axis({self.name!r}, 8)"
+            )
+        if self.size < 0:
+            raise ValueError(f"Axis {self.name!r}: size must be >= 0, got {self.size}")
+        object.__setattr__(self, "size", int(self.size))
+
+    def alias(self, new_name: str) -> Axis:
+        """The same size under another name."""
+        return Axis(new_name, self.size)
+
+    def resize(self, size: int) -> Axis:
+        """The same name with another size."""
+        return Axis(self.name, size)
+
+
+AxisSelector: TypeAlias = Axis | str
+"""An axis given by value or by name."""
+AxisSpec: TypeAlias = Axis | Sequence[Axis]
+"""One or more axes with sizes."""
+AxisSelection: TypeAlias = AxisSelector | Sequence[AxisSelector]
+"""One or more axes, given by value or by name."""
+
+
+class AxisError(ValueError):
+    """Base class for errors about axes (a ValueError)."""
+
+
+class AxisNotFoundError(AxisError, KeyError):
+    """An axis was asked for that the array does not have."""
+
+    def __str__(self):  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class AxisSizeMismatchError(AxisError):
+    """Two axes with one name have different sizes."""
+
+
+class DuplicateAxisError(AxisError):
+    """An axis name occurs twice where names must be unique."""
+
+
+def axis_name(ax: AxisSelection) -> str | tuple[str, ...]:
+    """The name(s) of an axis selection: `axis_name(Axis("a", 2)) == "a"`."""
+    if isinstance(ax, Axis):
+        return ax.name
+    if isinstance(ax, str):
+        return ax
+    return tuple(axis_name(a) for a in ax)  # type: ignore[misc]
+
+
+def _as_tuple(axes: AxisSelection) -> tuple[AxisSelector, ...]:
+    if isinstance(axes, Axis | str):
+        return (axes,)
+    return tuple(axes)
+
+
+def _fmt_axes(axes: Sequence[Axis]) -> str:
+    return "(" + ", ".join(f"{a.name}={a.size}" for a in axes) + ")"
+
+
+def _check_unique(names: Sequence[str], where: str) -> None:
+    seen = set()
+    for n in names:
+        if n in seen:
+            raise DuplicateAxisError(
+                f"duplicate axis name {n!r} in {where}: {list(names)}; every axis of an array "
+                f"needs its own name (rename one, e.g. Axis({n!r} + '_2', size))"
+            )
+        seen.add(n)
+
+
+def axis_size(ax: AxisSpec) -> int:
+    """The product of the sizes of one or more axes."""
+    if isinstance(ax, Axis):
+        return ax.size
+    return math.prod(a.size for a in ax)
+
+
+def selects_axis(selection: AxisSelection, selector: AxisSelector) -> bool:
+    """Whether `selector` (by name, and size when given) is part of `selection`."""
+    name = axis_name(selector)
+    for a in _as_tuple(selection):
+        if axis_name(a) == name:
+            if isinstance(a, Axis) and isinstance(selector, Axis) and a.size != selector.size:
+                return False
+            return True
+    return False
+
+
+def check_axes_match(a: Axis, b: Axis, context: str = "") -> None:
+    """Raises AxisSizeMismatchError if `a` and `b` share a name but not a size."""
+    if a.name == b.name and a.size != b.size:
+        where = f" in {context}" if context else ""
+        raise AxisSizeMismatchError(
+            f"axis {a.name!r} has size {a.size} in one array and {b.size} in the other{where}; "
+            f"axes with one name must have one size (slice or rename one of them)"
+        )
+
+
+def concat_axes(a: AxisSpec, b: AxisSpec) -> tuple[Axis, ...]:
+    """`a + b` as tuples of axes; a name in both raises DuplicateAxisError."""
+    out = tuple(_as_tuple(a)) + tuple(_as_tuple(b))
+    _check_unique([x.name for x in out], "concat_axes")  # type: ignore[union-attr]
+    return out  # type: ignore[return-value]
+
+
+def without_axes(axes: Sequence[Axis], to_remove: AxisSelection) -> tuple[Axis, ...]:
+    """`axes` minus the named ones (names not present are ignored)."""
+    names = set(axis_name(a) for a in _as_tuple(to_remove))
+    return tuple(a for a in axes if a.name not in names)
+
+
+def _to_jax_leaf(x):
+    return x
+
+
+@jax.tree_util.register_pytree_node_class
+class NamedArray:
+    """A `jax.Array` whose dimensions have names: a pytree with one leaf, the array.
+
+    Build one with `hax.named(array, axes)`. Binary operators align operands by axis name, so
+    `x + bias` works whatever the order of `x`'s axes.
+
+    >>> import jax.numpy as jnp
+    >>> import meltemi.haliax as hax
+    >>> x = hax.named(jnp.arange(6.0).reshape(2, 3), ("a", "b"))
+    >>> (x + hax.named(jnp.ones(2), "a")).axes
+    (Axis(name='a', size=2), Axis(name='b', size=3))
+    >>> x.sum("b").array
+    Array([ 3., 12.], dtype=float32)
+    """
+
+    __slots__ = ("array", "axes")
+    __array_priority__ = 1000  # so numpy defers `np_array + named` to us
+
+    def __init__(self, array: Any, axes: Sequence[Axis]):
+        axes = tuple(axes)
+        shape = getattr(array, "shape", None)
+        if shape is not None and isinstance(shape, tuple):
+            if len(shape) != len(axes) or any(s != a.size for s, a in zip(shape, axes)):
+                raise AxisSizeMismatchError(
+                    f"array of shape {tuple(shape)} does not match axes {_fmt_axes(axes)}; "
+                    f"give one Axis per dimension with the same size"
+                )
+            _check_unique([a.name for a in axes], "NamedArray axes")
+        object.__setattr__(self, "array", array)
+        object.__setattr__(self, "axes", axes)
+
+    def __setattr__(self, key, value):
+        raise AttributeError("NamedArray is immutable; use .at[...] or hax ops to make a new one")
+
+    # pytree
+    def tree_flatten(self):
+        return (self.array,), self.axes
+
+    @classmethod
+    def tree_unflatten(cls, axes, children):
+        obj = object.__new__(cls)
+        object.__setattr__(obj, "array", children[0])
+        object.__setattr__(obj, "axes", axes)
+        return obj
+
+    # --- introspection ---
+    @property
+    def shape(self) -> dict[str, int]:
+        """`{name: size}` in axis order."""
+        return {a.name: a.size for a in self.axes}
+
+    @property
+    def dtype(self):
+        return self.array.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.axes)
+
+    @property
+    def size(self) -> int:
+        return math.prod(a.size for a in self.axes)
+
+    @property
+    def named_shape(self) -> dict[str, int]:
+        return self.shape
+
+    def __repr__(self):
+        return f"NamedArray({_fmt_axes(self.axes)}, dtype={getattr(self.array, 'dtype', None)})"
+
+    def _lookup_index(self, name: str) -> int | None:
+        for i, a in enumerate(self.axes):
+            if a.name == name:
+                return i
+        return None
+
+    def _not_found(self, ax: AxisSelector) -> AxisNotFoundError:
+        name = axis_name(ax)
+        return AxisNotFoundError(
+            f"axis {name!r} not found; the array has axes {_fmt_axes(self.axes)}"
+        )
+
+    def axis_index(self, ax: AxisSelector) -> int:
+        """Position of an axis; raises AxisNotFoundError listing the axes present."""
+        i = self._lookup_index(axis_name(ax))  # type: ignore[arg-type]
+        if i is None:
+            raise self._not_found(ax)
+        if isinstance(ax, Axis):
+            check_axes_match(ax, self.axes[i])
+        return i
+
+    def has_axis(self, ax: AxisSelection) -> bool:
+        """Whether every axis in `ax` is present (by name)."""
+        return all(self._lookup_index(axis_name(a)) is not None for a in _as_tuple(ax))  # type: ignore[arg-type]
+
+    def resolve_axis(self, ax: AxisSelection) -> Any:
+        """Axis (or tuple of Axis) for a name (or names); raises AxisNotFoundError."""
+        if isinstance(ax, Axis | str):
+            return self.axes[self.axis_index(ax)]
+        return tuple(self.axes[self.axis_index(a)] for a in ax)
+
+    def axis_size(self, ax: AxisSelection) -> int:
+        r = self.resolve_axis(ax)
+        return axis_size(r)
+
+    def scalar(self):
+        """The array of a 0-axis NamedArray."""
+        if self.axes:
+            raise AxisError(
+                f"scalar() needs an array with no axes, got axes {_fmt_axes(self.axes)}"
+            )
+        return self.array
+
+    def item(self):
+        return self.array.item()
+
+    def __jax_array__(self):
+        if self.axes:
+            raise TypeError(
+                f"a NamedArray with axes {_fmt_axes(self.axes)} cannot be used as a plain array; "
+                f"use `.array` (or `.rearrange(...)` first to choose the order)"
+            )
+        return self.array
+
+    def __bool__(self):
+        return bool(self.scalar())
+
+    def __len__(self):
+        if not self.axes:
+            raise TypeError("len() of a NamedArray with no axes")
+        return self.axes[0].size
+
+    def __iter__(self):
+        raise TypeError(
+            "NamedArray is not iterable (iteration order would depend on axis order); "
+            "use x[{'axis': i}] or hax.unbind(x, axis)"
+        )
+
+    # --- axis manipulation ---
+    def rename(self, renames: Mapping[AxisSelector, AxisSelector]) -> NamedArray:
+        return rename(self, renames)
+
+    def rearrange(self, axes: Sequence[AxisSelector | Any]) -> NamedArray:
+        return rearrange(self, axes)
+
+    def broadcast_axis(self, axis: AxisSpec) -> NamedArray:
+        return broadcast_axis(self, axis)
+
+    def broadcast_to(self, axes: AxisSpec) -> NamedArray:
+        return broadcast_to(self, axes)
+
+    def flatten_axes(self, old_axes: AxisSelection, new_axis: AxisSelector) -> NamedArray:
+        return flatten_axes(self, old_axes, new_axis)
+
+    def unflatten_axis(self, axis: AxisSelector, new_axes: AxisSpec) -> NamedArray:
+        return unflatten_axis(self, axis, new_axes)
+
+    def split(self, axis: AxisSelector, new_axes: Sequence[Axis]) -> list[NamedArray]:
+        return split(self, axis, new_axes)
+
+    def astype(self, dtype) -> NamedArray:
+        return NamedArray(self.array.astype(dtype), self.axes)
+
+    @property
+    def T(self) -> NamedArray:  # noqa: N802
+        return NamedArray(self.array.T, self.axes[::-1])
+
+
+def is_named_array(x: Any) -> bool:
+    return isinstance(x, NamedArray)
+
+
+def named(a: Any, axes: AxisSelection) -> NamedArray:
+    """Names the dimensions of `a`. Names given as strings take their size from `a`.
+
+    >>> import jax.numpy as jnp
+    >>> named(jnp.zeros((2, 3)), ("batch", Axis("embed", 3))).axes
+    (Axis(name='batch', size=2), Axis(name='embed', size=3))
+    """
+    a = jnp.asarray(a)
+    sel = _as_tuple(axes)
+    if len(sel) != a.ndim:
+        raise AxisSizeMismatchError(
+            f"named: array of shape {a.shape} has {a.ndim} dimensions but {len(sel)} axes were "
+            f"given ({axis_name(sel)}); give one axis per dimension"
+        )
+    out = []
+    for s, ax in zip(a.shape, sel):
+        if isinstance(ax, str):
+            out.append(Axis(ax, s))
+        elif isinstance(ax, Axis):
+            if ax.size != s:
+                raise AxisSizeMismatchError(
+                    f"named: axis {ax.name!r} has size {ax.size} but the array dimension has "
+                    f"size {s} (array shape {a.shape}); fix the Axis size or the array"
+                )
+            out.append(ax)
+        else:
+            raise TypeError(f"named: expected Axis or str, got {ax!r}")
+    return NamedArray(a, tuple(out))
+
+
+def rename(array: NamedArray, renames: Mapping[AxisSelector, AxisSelector]) -> NamedArray:
+    """Renames axes: `rename(x, {"pos": "key_pos"})`; a new Axis must keep the size."""
+    new_axes = list(array.axes)
+    for old, new in renames.items():
+        i = array.axis_index(old)
+        if isinstance(new, Axis):
+            if new.size != new_axes[i].size:
+                raise AxisSizeMismatchError(
+                    f"rename: axis {new_axes[i].name!r} has size {new_axes[i].size} but the new "
+                    f"axis {new.name!r} has size {new.size}"
+                )
+            new_axes[i] = new
+        else:
+            new_axes[i] = Axis(new, new_axes[i].size)
+    _check_unique([a.name for a in new_axes], "rename result")
+    return NamedArray(array.array, tuple(new_axes))
+
+
+def _resolve_order(array: NamedArray, axes: Sequence[Any]) -> list[int]:
+    """Permutation for `rearrange`: names in order, `...` for the remaining axes."""
+    axes = list(axes)
+    n_ellipsis = sum(1 for a in axes if a is Ellipsis)
+    if n_ellipsis > 1:
+        raise ValueError("rearrange: at most one `...` is allowed")
+    explicit = [array.axis_index(a) for a in axes if a is not Ellipsis]
+    _check_unique([array.axes[i].name for i in explicit], "rearrange")
+    if n_ellipsis == 0:
+        if len(explicit) != array.ndim:
+            missing = [a.name for i, a in enumerate(array.axes) if i not in explicit]
+            raise AxisError(
+                f"rearrange: axes {missing} of {_fmt_axes(array.axes)} are not placed; "
+                f"list every axis or use `...` for the rest"
+            )
+        return explicit
+    rest = [i for i in range(array.ndim) if i not in explicit]
+    k = axes.index(Ellipsis)
+    return explicit[:k] + rest + explicit[k:]
+
+
+def rearrange(array: NamedArray, axes: Sequence[Any]) -> NamedArray:
+    """Reorders axes by name; `...` stands for the axes not listed.
+
+    >>> import jax.numpy as jnp
+    >>> x = named(jnp.zeros((2, 3, 4)), ("a", "b", "c"))
+    >>> rearrange(x, ("c", ...)).axes[0].name
+    'c'
+    """
+    perm = _resolve_order(array, axes)
+    if perm == list(range(array.ndim)):
+        return array
+    return NamedArray(jnp.transpose(array.array, perm), tuple(array.axes[i] for i in perm))
+
+
+def broadcast_to(array: Any, axes: AxisSpec, *, enforce_no_extra_axes: bool = True) -> NamedArray:
+    """Broadcasts to exactly `axes` (in that order); extra axes of `array` are an error."""
+    axes = tuple(_as_tuple(axes))  # type: ignore[arg-type]
+    if not isinstance(array, NamedArray):
+        arr = jnp.asarray(array)
+        if arr.ndim != 0:
+            raise TypeError(
+                f"broadcast_to: only scalars or NamedArrays can be broadcast by name, got shape "
+                f"{arr.shape}; wrap it with hax.named(array, axes)"
+            )
+        return NamedArray(jnp.broadcast_to(arr, tuple(a.size for a in axes)), axes)
+    names = {a.name for a in axes}
+    extra = [a.name for a in array.axes if a.name not in names]
+    if extra and enforce_no_extra_axes:
+        raise AxisError(
+            f"broadcast_to: array axes {extra} are not in the target axes {_fmt_axes(axes)}"
+        )
+    for a in array.axes:
+        for b in axes:
+            check_axes_match(a, b, "broadcast_to")
+    aligned = _align(array, axes)
+    return NamedArray(jnp.broadcast_to(aligned, tuple(a.size for a in axes)), axes)
+
+
+def broadcast_axis(array: NamedArray, axis: AxisSpec) -> NamedArray:
+    """Adds new axes in front of `array` (axes already present are left alone)."""
+    new = tuple(a for a in _as_tuple(axis) if not array.has_axis(a))  # type: ignore[arg-type]
+    for a in _as_tuple(axis):
+        if array.has_axis(a):
+            check_axes_match(a, array.resolve_axis(a.name), "broadcast_axis")  # type: ignore
+    return broadcast_to(array, new + array.axes)
+
+
+def _align(array: NamedArray, out_axes: Sequence[Axis]) -> jax.Array:
+    """`array` transposed to the order of `out_axes` with size-1 dims for missing ones."""
+    order = []
+    out_names = [a.name for a in out_axes]
+    for name in out_names:
+        i = array._lookup_index(name)
+        if i is not None:
+            order.append(i)
+    if len(order) != array.ndim:
+        missing = [a.name for a in array.axes if a.name not in out_names]
+        raise AxisNotFoundError(
+            f"axes {missing} of {_fmt_axes(array.axes)} have no place in {out_names}"
+        )
+    arr = array.array
+    if order != list(range(array.ndim)):
+        arr = jnp.transpose(arr, order)
+    if len(out_axes) != array.ndim:
+        present = {a.name for a in array.axes}
+        shape = tuple(a.size if a.name in present else 1 for a in out_axes)
+        arr = jnp.reshape(arr, shape)
+    return arr
+
+
+def _broadcast_axes(*arrays: NamedArray) -> tuple[Axis, ...]:
+    """Result axes when broadcasting by name: the largest operand's order, then new axes."""
+    if not arrays:
+        return ()
+    base = max(arrays, key=lambda a: a.ndim)
+    out = list(base.axes)
+    by_name = {a.name: a for a in out}
+    for arr in arrays:
+        for ax in arr.axes:
+            if ax.name in by_name:
+                check_axes_match(by_name[ax.name], ax, "broadcasting")
+            else:
+                by_name[ax.name] = ax
+                out.append(ax)
+    return tuple(out)
+
+
+def broadcast_arrays(*arrays: Any) -> tuple[Any, ...]:
+    """Aligns NamedArrays to a common axis order, with size-1 dims where an axis is missing.
+
+    Returns NamedArrays broadcast to the full common axes (scalars are left alone).
+    """
+    named_ = [a for a in arrays if isinstance(a, NamedArray)]
+    axes = _broadcast_axes(*named_)
+    return tuple(broadcast_to(a, axes) if isinstance(a, NamedArray) else a for a in arrays)
+
+
+def _raw_operands(*args: Any) -> tuple[tuple[Axis, ...], list[Any]]:
+    """Aligned raw arrays (size-1 dims for missing axes) and the result axes."""
+    named_ = [a for a in args if isinstance(a, NamedArray)]
+    axes = _broadcast_axes(*named_)
+    raws = []
+    for a in args:
+        if isinstance(a, NamedArray):
+            raws.append(_align(a, axes))
+        elif a is None:
+            raws.append(None)
+        else:
+            nd = np.ndim(a)
+            if nd != 0:
+                raise TypeError(
+                    f"cannot combine a NamedArray with an unnamed array of shape {np.shape(a)} "
+                    f"(axes would be matched by position); wrap it with hax.named(array, axes)"
+                )
+            raws.append(a)
+    return axes, raws
+
+
+def flatten_axes(array: NamedArray, old_axes: AxisSelection, new_axis: AxisSelector) -> NamedArray:
+    """Merges `old_axes` (moved together, at the first one's place) into one axis.
+
+    >>> import jax.numpy as jnp
+    >>> x = named(jnp.zeros((2, 3, 4)), ("a", "b", "c"))
+    >>> flatten_axes(x, ("a", "c"), "ac").axes
+    (Axis(name='ac', size=8), Axis(name='b', size=3))
+    """
+    old = list(_as_tuple(old_axes))
+    if not old:
+        raise ValueError("flatten_axes: need at least one axis to flatten")
+    idx = [array.axis_index(a) for a in old]
+    _check_unique([array.axes[i].name for i in idx], "flatten_axes")
+    size = math.prod(array.axes[i].size for i in idx)
+    if isinstance(new_axis, Axis):
+        if new_axis.size != size:
+            raise AxisSizeMismatchError(
+                f"flatten_axes: new axis {new_axis.name!r} has size {new_axis.size} but the "
+                f"flattened axes have total size {size}"
+            )
+        new = new_axis
+    else:
+        new = Axis(new_axis, size)
+    first = min(idx)
+    rest = [i for i in range(array.ndim) if i not in idx]
+    before = [i for i in rest if i < first]
+    after = [i for i in rest if i > first]
+    perm = before + idx + after
+    arr = array.array if perm == list(range(array.ndim)) else jnp.transpose(array.array, perm)
+    shape = [array.axes[i].size for i in before] + [size] + [array.axes[i].size for i in after]
+    axes = [array.axes[i] for i in before] + [new] + [array.axes[i] for i in after]
+    return NamedArray(jnp.reshape(arr, shape), tuple(axes))
+
+
+def unflatten_axis(array: NamedArray, axis: AxisSelector, new_axes: AxisSpec) -> NamedArray:
+    """Splits one axis into several (row-major), in its place."""
+    i = array.axis_index(axis)
+    new = tuple(_as_tuple(new_axes))
+    total = math.prod(a.size for a in new)  # type: ignore[union-attr]
+    if total != array.axes[i].size:
+        raise AxisSizeMismatchError(
+            f"unflatten_axis: axis {array.axes[i].name!r} has size {array.axes[i].size} but "
+            f"the new axes {_fmt_axes(new)} have total size {total}"  # type: ignore[arg-type]
+        )
+    axes = array.axes[:i] + new + array.axes[i + 1 :]  # type: ignore[operator]
+    _check_unique([a.name for a in axes], "unflatten_axis result")
+    return NamedArray(jnp.reshape(array.array, tuple(a.size for a in axes)), axes)
+
+
+def split(array: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis]) -> list[NamedArray]:
+    """Splits `axis` into consecutive pieces, one per new axis (their sizes must add up)."""
+    i = array.axis_index(axis)
+    total = sum(a.size for a in new_axes)
+    if total != array.axes[i].size:
+        raise AxisSizeMismatchError(
+            f"split: axis {array.axes[i].name!r} has size {array.axes[i].size} but the pieces "
+            f"{_fmt_axes(new_axes)} add up to {total}"
+        )
+    bounds = np.cumsum([a.size for a in new_axes])[:-1].tolist()
+    pieces = jnp.split(array.array, bounds, axis=i)
+    return [
+        NamedArray(p, array.axes[:i] + (ax,) + array.axes[i + 1 :])
+        for p, ax in zip(pieces, new_axes)
+    ]
+
+
+def _resolve_axes_from(arrays: Sequence[NamedArray], sel: AxisSelection) -> tuple[Axis, ...]:
+    """Resolves names against the axes of `arrays` (first match wins, sizes checked)."""
+    out = []
+    for s in _as_tuple(sel):
+        found = None
+        for arr in arrays:
+            i = arr._lookup_index(axis_name(s))  # type: ignore[arg-type]
+            if i is not None:
+                found = arr.axes[i]
+                break
+        if found is None:
+            if isinstance(s, Axis):
+                found = s
+            else:
+                present = sorted({a.name for arr in arrays for a in arr.axes})
+                raise AxisNotFoundError(f"axis {s!r} not found; the arrays have axes {present}")
+        if isinstance(s, Axis):
+            check_axes_match(s, found)
+        out.append(found)
+    return tuple(out)

@@ -1,0 +1,217 @@
+"""Contraction by axis name: `dot` and `einsum`.
+
+>>> import jax.numpy as jnp
+>>> import meltemi.haliax as hax
+>>> Batch, In, Out = hax.Axis("batch", 3), hax.Axis("in", 5), hax.Axis("out", 7)
+>>> x, w = hax.ones((Batch, In)), hax.ones((Out, In))
+>>> hax.dot(x, w, axis=In).axes
+(Axis(name='batch', size=3), Axis(name='out', size=7))
+>>> hax.einsum("batch in, out in -> out batch", x, w).axes
+(Axis(name='out', size=7), Axis(name='batch', size=3))
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+
+from meltemi.haliax._core import (
+    Axis,
+    AxisError,
+    AxisNotFoundError,
+    AxisSelection,
+    NamedArray,
+    _as_tuple,
+    _fmt_axes,
+    axis_name,
+    check_axes_match,
+)
+
+__all__ = ["dot", "einsum"]
+
+_LETTERS = string.ascii_letters
+
+
+def _letters_for(arrays: Sequence[NamedArray]) -> tuple[dict[str, str], dict[str, Axis]]:
+    letters: dict[str, str] = {}
+    axes: dict[str, Axis] = {}
+    for arr in arrays:
+        for ax in arr.axes:
+            if ax.name in axes:
+                check_axes_match(axes[ax.name], ax, "dot")
+            else:
+                if len(letters) >= len(_LETTERS):
+                    raise ValueError("dot: more than 52 distinct axes")
+                letters[ax.name] = _LETTERS[len(letters)]
+                axes[ax.name] = ax
+    return letters, axes
+
+
+def _einsum_raw(arrays, out_names, letters, precision, preferred_element_type, **kw):
+    spec = ",".join("".join(letters[a.name] for a in arr.axes) for arr in arrays)
+    spec += "->" + "".join(letters[n] for n in out_names)
+    return jnp.einsum(
+        spec,
+        *[a.array for a in arrays],
+        precision=precision,
+        preferred_element_type=preferred_element_type,
+        **kw,
+    )
+
+
+def dot(
+    *arrays: NamedArray,
+    axis: AxisSelection | None,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+    out_axes: Sequence[Any] | None = None,
+) -> NamedArray:
+    """Contracts `arrays` over `axis` (a name, an Axis, or several); other axes are kept.
+
+    Axes shared by several arrays but not contracted act as batch axes. The result's axes are
+    the kept ones in order of first appearance (or `out_axes`, which may use `...`).
+    `axis=None` contracts every axis (a scalar); `axis=()` contracts nothing.
+
+    >>> import meltemi.haliax as hax
+    >>> A, B = Axis("a", 2), Axis("b", 3)
+    >>> float(dot(hax.ones((A, B)), hax.ones(B), axis=None).scalar())
+    6.0
+    """
+    if not arrays:
+        raise ValueError("dot needs at least one array")
+    for a in arrays:
+        if not isinstance(a, NamedArray):
+            raise TypeError(f"dot: expected NamedArrays, got {type(a).__name__}")
+    letters, all_axes = _letters_for(arrays)
+    if axis is None:
+        contract = set(all_axes)
+    else:
+        contract = set()
+        for ax in _as_tuple(axis):
+            name = axis_name(ax)
+            if name not in all_axes:
+                raise AxisNotFoundError(
+                    f"dot: axis {name!r} not found in any operand; the operands have axes "
+                    + ", ".join(_fmt_axes(a.axes) for a in arrays)
+                )
+            if isinstance(ax, Axis):
+                check_axes_match(ax, all_axes[name], "dot")
+            contract.add(name)
+    kept = [n for n in all_axes if n not in contract]
+    if out_axes is not None:
+        kept = _order_out(kept, out_axes)
+    out = _einsum_raw(arrays, kept, letters, precision, preferred_element_type)
+    return NamedArray(out, tuple(all_axes[n] for n in kept))
+
+
+def _order_out(kept: list[str], out_axes: Sequence[Any]) -> list[str]:
+    explicit = [axis_name(a) for a in out_axes if a is not Ellipsis]
+    for n in explicit:
+        if n not in kept:
+            raise AxisNotFoundError(f"out_axes: axis {n!r} is not in the result axes {kept}")
+    if Ellipsis not in out_axes:
+        if set(explicit) != set(kept):
+            raise AxisError(f"out_axes {explicit} must list every result axis {kept} (or use ...)")
+        return explicit  # type: ignore[return-value]
+    rest = [n for n in kept if n not in explicit]
+    k = list(out_axes).index(Ellipsis)
+    return explicit[:k] + rest + explicit[k:]  # type: ignore[operator]
+
+
+def _parse_side(side: str) -> list[str]:
+    side = side.replace("...", " ... ")
+    return side.split()
+
+
+def einsum(
+    equation: str,
+    *arrays: NamedArray,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+    **axis_aliases: AxisSelection,
+) -> NamedArray:
+    """Einstein summation with axis names as the indices.
+
+    Forms:
+      * `"batch embed, embed mlp -> batch mlp"`: names per operand (`...` matches the rest);
+      * `"-> batch mlp"`: keep only the listed axes, contract every other one;
+      * `"{embed} -> ..."` or `"{embed}"`: contract the braced axes, keep the others.
+    Keyword arguments alias names used in the equation to real axis names.
+
+    >>> import meltemi.haliax as hax
+    >>> A, B = Axis("a", 2), Axis("b", 3)
+    >>> einsum("-> b", hax.ones((A, B)), hax.ones(A)).shape
+    {'b': 3}
+    >>> einsum("{a}", hax.ones((A, B)), hax.ones(A)).shape
+    {'b': 3}
+    """
+    for a in arrays:
+        if not isinstance(a, NamedArray):
+            raise TypeError(f"einsum: expected NamedArrays, got {type(a).__name__}")
+
+    def alias(n: str) -> str:
+        if n == "...":
+            return n
+        return axis_name(axis_aliases[n]) if n in axis_aliases else n  # type: ignore[return-value]
+
+    if "->" in equation:
+        lhs, rhs = equation.split("->")
+        rhs_names = [alias(n) for n in _parse_side(rhs)]
+    else:
+        lhs, rhs_names = equation, None
+    lhs = lhs.strip()
+    if lhs.startswith("{"):
+        if not lhs.endswith("}"):
+            raise ValueError(f"einsum: unbalanced braces in {equation!r}")
+        contracted = [alias(n) for n in lhs[1:-1].split()]
+        out_axes = None if rhs_names is None or rhs_names == ["..."] else rhs_names
+        return dot(
+            *arrays,
+            axis=tuple(contracted),
+            precision=precision,
+            preferred_element_type=preferred_element_type,
+            out_axes=out_axes,
+        )
+    if rhs_names is None:
+        raise ValueError(f"einsum: equation {equation!r} needs '->' (or the '{{axes}}' form)")
+    if not lhs:
+        letters, all_axes = _letters_for(arrays)
+        for n in rhs_names:
+            if n not in all_axes:
+                raise AxisNotFoundError(f"einsum: output axis {n!r} is not in any operand")
+        out = _einsum_raw(arrays, rhs_names, letters, precision, preferred_element_type)
+        return NamedArray(out, tuple(all_axes[n] for n in rhs_names))
+    specs = [s for s in lhs.split(",")]
+    if len(specs) != len(arrays):
+        raise ValueError(f"einsum: equation has {len(specs)} operands, got {len(arrays)} arrays")
+    ellipsis_axes: list[str] = []
+    for spec, arr in zip(specs, arrays):
+        names = [alias(n) for n in _parse_side(spec)]
+        explicit = [n for n in names if n != "..."]
+        for n in explicit:
+            arr.axis_index(n)
+        if "..." not in names and len(explicit) != arr.ndim:
+            raise AxisError(
+                f"einsum: operand spec {spec.strip()!r} does not name every axis of "
+                f"{_fmt_axes(arr.axes)}; list them all or add '...'"
+            )
+        for a in arr.axes:
+            if a.name not in explicit and a.name not in ellipsis_axes:
+                ellipsis_axes.append(a.name)
+    letters, all_axes = _letters_for(arrays)
+    out_names: list[str] = []
+    for n in rhs_names:
+        if n == "...":
+            out_names.extend(x for x in ellipsis_axes if x not in rhs_names)
+        elif n not in all_axes:
+            raise AxisNotFoundError(f"einsum: output axis {n!r} is not in any operand")
+        else:
+            out_names.append(n)
+    out = _einsum_raw(arrays, out_names, letters, precision, preferred_element_type)
+    return NamedArray(out, tuple(all_axes[n] for n in out_names))
+
+
+_ = AxisError

@@ -1,0 +1,276 @@
+"""Named higher-order functions: `vmap`, `scan`, `fold`, `map` over an axis given by name.
+
+>>> import jax.numpy as jnp
+>>> import meltemi.haliax as hax
+>>> Layers, Embed = hax.Axis("layers", 3), hax.Axis("embed", 2)
+>>> ws = hax.ones((Layers, Embed))
+>>> out = hax.fold(lambda c, w: c + w, Layers)(hax.zeros(Embed), ws)
+>>> out.array
+Array([3., 3.], dtype=float32)
+>>> hax.vmap(lambda w: w.sum(), Layers)(ws).axes
+(Axis(name='layers', size=3),)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from meltemi.haliax._core import (
+    Axis,
+    AxisError,
+    AxisSelector,
+    NamedArray,
+    _fmt_axes,
+    axis_name,
+    is_named_array,
+)
+from meltemi.haliax._remat import RematSpec, ScanCheckpointPolicy
+
+__all__ = ["vmap", "scan", "fold", "map"]
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, jax.Array | np.ndarray) and not isinstance(x, NamedArray)
+
+
+def _zero_if_array_else_none(x: Any):
+    return 0 if _is_array(x) else None
+
+
+def _infer_size(axis: AxisSelector, leaves: list[Any]) -> Axis:
+    if isinstance(axis, Axis):
+        return axis
+    for leaf in leaves:
+        if isinstance(leaf, NamedArray) and leaf.has_axis(axis):
+            return leaf.resolve_axis(axis)
+    raise AxisError(
+        f"axis {axis!r} was given by name but no NamedArray argument has it; pass an Axis "
+        f"with a size, e.g. Axis({axis!r}, n)"
+    )
+
+
+class _Split:
+    """Splits a pytree (NamedArrays as leaves) into mapped arrays, closure arrays and statics."""
+
+    def __init__(self, tree: Any, axis_name_: str, raw_spec: Callable[[Any], Any]):
+        leaves, self.treedef = jax.tree.flatten(tree, is_leaf=is_named_array)
+        self.kinds: list[Any] = []
+        self.mapped: list[Any] = []
+        self.leaves = leaves
+        for leaf in leaves:
+            if isinstance(leaf, NamedArray):
+                i = leaf._lookup_index(axis_name_)
+                if i is None:
+                    self.kinds.append(("fixed",))
+                else:
+                    rest = leaf.axes[:i] + leaf.axes[i + 1 :]
+                    self.kinds.append(("named", i, rest, leaf.axes[i]))
+                    self.mapped.append(leaf.array)
+            elif _is_array(leaf) or isinstance(leaf, jax.core.Tracer):
+                spec = raw_spec(leaf)
+                if spec is None:
+                    self.kinds.append(("fixed",))
+                else:
+                    self.kinds.append(("raw", spec))
+                    self.mapped.append(leaf)
+            else:
+                self.kinds.append(("fixed",))
+
+    def rebuild(self, mapped: list[Any]) -> Any:
+        it = iter(mapped)
+        out = []
+        for kind, leaf in zip(self.kinds, self.leaves):
+            if kind[0] == "named":
+                out.append(NamedArray(next(it), kind[2]))
+            elif kind[0] == "raw":
+                out.append(next(it))
+            else:
+                out.append(leaf)
+        return jax.tree.unflatten(self.treedef, out)
+
+    def check_size(self, axis: Axis) -> None:
+        for kind in self.kinds:
+            if kind[0] == "named" and kind[3].size != axis.size:
+                raise AxisError(
+                    f"axis {axis.name!r} has size {axis.size} but an argument has it with size "
+                    f"{kind[3].size}"
+                )
+
+
+class _Outputs:
+    """Records the named structure of a traced function's outputs."""
+
+    def __init__(self):
+        self.treedef = None
+        self.meta: list[Any] = []
+
+    def flatten(self, out: Any) -> list[Any]:
+        leaves, self.treedef = jax.tree.flatten(out, is_leaf=is_named_array)
+        arrays, self.meta = [], []
+        for leaf in leaves:
+            if isinstance(leaf, NamedArray):
+                self.meta.append(("named", leaf.axes))
+                arrays.append(leaf.array)
+            elif _is_array(leaf) or isinstance(leaf, jax.core.Tracer):
+                self.meta.append(("raw",))
+                arrays.append(leaf)
+            else:
+                self.meta.append(("static", leaf))
+        return arrays
+
+    def unflatten(self, arrays: list[Any], axis: Axis | None) -> Any:
+        it = iter(arrays)
+        out = []
+        for m in self.meta:
+            if m[0] == "named":
+                a = next(it)
+                axes = m[1] if axis is None else (axis,) + m[1]
+                if axis is not None and any(x.name == axis.name for x in m[1]):
+                    raise AxisError(f"output already has axis {axis.name!r}: {_fmt_axes(m[1])}")
+                out.append(NamedArray(a, axes))
+            elif m[0] == "raw":
+                out.append(next(it))
+            else:
+                out.append(m[1])
+        return jax.tree.unflatten(self.treedef, out)
+
+
+def vmap(
+    fn: Callable,
+    axis: AxisSelector | tuple[AxisSelector, ...],
+    *,
+    default: Callable[[Any], Any] = _zero_if_array_else_none,
+    spmd_axis_name: Any = None,
+) -> Callable:
+    """Maps `fn` over a named axis.
+
+    NamedArray arguments that have `axis` are mapped over it (wherever it sits); others are
+    passed whole. Unnamed arrays are mapped over their leading dimension unless `default(leaf)`
+    returns None. Outputs get `axis` as their first axis.
+    """
+    if isinstance(axis, tuple | list):
+        out = fn
+        for ax in reversed(axis):
+            out = vmap(out, ax, default=default, spmd_axis_name=spmd_axis_name)
+        return out
+    name = axis_name(axis)
+
+    def mapped(*args, **kwargs):
+        split = _Split((args, kwargs), name, default)  # type: ignore[arg-type]
+        ax = _infer_size(axis, split.leaves)
+        split.check_size(ax)
+        outs = _Outputs()
+        in_axes = [k[1] for k in split.kinds if k[0] in ("named", "raw")]
+
+        def inner(*arrays):
+            a, kw = split.rebuild(list(arrays))
+            return outs.flatten(fn(*a, **kw))
+
+        result = jax.vmap(
+            inner,
+            in_axes=tuple(in_axes),
+            out_axes=0,
+            axis_size=ax.size,
+            spmd_axis_name=spmd_axis_name,
+        )(*split.mapped)
+        return outs.unflatten(result, ax)
+
+    return mapped
+
+
+def _scan_split(axis: AxisSelector, args, kwargs, is_scanned):
+    name = axis_name(axis)
+    split = _Split((args, kwargs), name, lambda x: 0 if is_scanned(x) else None)  # type: ignore
+    ax = _infer_size(axis, split.leaves)
+    split.check_size(ax)
+    xs = []
+    for kind, arr in zip([k for k in split.kinds if k[0] != "fixed"], split.mapped):
+        i = kind[1]
+        xs.append(arr if i == 0 else jnp.moveaxis(arr, i, 0))
+    return split, ax, xs
+
+
+def _match_carry(new: Any, old: Any) -> Any:
+    """Reorders NamedArray carries to the input carry's axis order (lax.scan needs one type)."""
+
+    def fix(n, o):
+        if isinstance(n, NamedArray) and isinstance(o, NamedArray) and n.axes != o.axes:
+            return n.rearrange([a.name for a in o.axes])
+        return n
+
+    return jax.tree.map(fix, new, old, is_leaf=is_named_array)
+
+
+def scan(
+    f: Callable,
+    axis: AxisSelector,
+    *,
+    remat: RematSpec = False,
+    reverse: bool = False,
+    unroll: int = 1,
+    is_scanned: Callable[[Any], bool] = _is_array,
+) -> Callable:
+    """`lax.scan` over a named axis: returns `g(init, *args, **kwargs) -> (carry, ys)`.
+
+    `f(carry, *args, **kwargs) -> (carry, y)`. Arguments that are NamedArrays with `axis` are
+    sliced along it; unnamed arrays are sliced along their leading dimension when
+    `is_scanned(leaf)`; everything else is passed whole to every step. NamedArrays in `y` are
+    stacked with `axis` first. `remat` is a ScanCheckpointPolicy, a bool, or a kind string.
+    """
+    policy = ScanCheckpointPolicy.from_bool_or_str(remat).resolved()
+
+    def scanned(init, *args, **kwargs):
+        split, ax, xs = _scan_split(axis, args, kwargs, is_scanned)
+        outs = _Outputs()
+
+        def body(carry, x):
+            a, kw = split.rebuild(list(x))
+            new_carry, y = f(carry, *a, **kw)
+            return _match_carry(new_carry, carry), outs.flatten(y)
+
+        body = policy.wrap_body(body)
+
+        def run(init, xs):
+            return jax.lax.scan(body, init, xs, length=ax.size, reverse=reverse, unroll=unroll)
+
+        carry, ys = policy.wrap_scan(run)(init, xs)
+        return carry, outs.unflatten(ys, ax)
+
+    return scanned
+
+
+def fold(
+    fn: Callable,
+    axis: AxisSelector,
+    *,
+    remat: RematSpec = False,
+    reverse: bool = False,
+    unroll: int = 1,
+    is_scanned: Callable[[Any], bool] = _is_array,
+) -> Callable:
+    """Like `scan` for `fn(carry, *args, **kwargs) -> carry`: returns `g(init, ...) -> carry`."""
+
+    def step(carry, *args, **kwargs):
+        return fn(carry, *args, **kwargs), None
+
+    s = scan(step, axis, remat=remat, reverse=reverse, unroll=unroll, is_scanned=is_scanned)
+
+    def folded(init, *args, **kwargs):
+        return s(init, *args, **kwargs)[0]
+
+    return folded
+
+
+def map(fn: Callable, axis: AxisSelector, *, is_scanned=_is_array) -> Callable:  # noqa: A001
+    """Sequential map over a named axis (`lax.map`): like `vmap` but one slice at a time."""
+
+    def step(carry, *args, **kwargs):
+        return carry, fn(*args, **kwargs)
+
+    s = scan(step, axis, is_scanned=is_scanned)
+    return lambda *args, **kwargs: s(None, *args, **kwargs)[1]

@@ -1,0 +1,123 @@
+"""Reductions over named axes.
+
+`axis=None` reduces every axis and returns a NamedArray with no axes (`.scalar()` unwraps it).
+
+>>> import meltemi.haliax as hax
+>>> A, B = hax.Axis("a", 2), hax.Axis("b", 3)
+>>> x = hax.arange(B) * hax.ones(A)
+>>> hax.sum(x, axis="b").axes
+(Axis(name='a', size=2),)
+>>> float(hax.mean(x).scalar())
+1.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from meltemi.haliax._core import (
+    AxisSelection,
+    AxisSelector,
+    NamedArray,
+    _as_tuple,
+    _check_unique,
+    _raw_operands,
+    axis_name,
+)
+
+__all__ = [
+    "sum",
+    "mean",
+    "max",
+    "min",
+    "prod",
+    "std",
+    "var",
+    "logsumexp",
+    "argmax",
+    "argmin",
+    "any",
+    "all",
+    "count_nonzero",
+]
+
+
+def _reduce_indices(array: NamedArray, axis: AxisSelection | None) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(array.ndim))
+    sel = _as_tuple(axis)
+    idx = tuple(array.axis_index(a) for a in sel)
+    _check_unique([array.axes[i].name for i in idx], "reduction axes")
+    return idx
+
+
+def _make_reduction(fn: Callable, name: str, supports_where: bool = True) -> Callable:
+    def reduction(
+        array: NamedArray, axis: AxisSelection | None = None, *, where: Any = None, **kwargs
+    ) -> NamedArray:
+        idx = _reduce_indices(array, axis)
+        arr = array.array
+        if where is not None:
+            if not supports_where:
+                raise TypeError(f"hax.{name} does not take `where`")
+            _, (arr, w) = _raw_operands(array, where)
+            w = jnp.broadcast_to(w, arr.shape)
+            kwargs["where"] = w
+        out = fn(arr, axis=idx, **kwargs)
+        keep = tuple(a for i, a in enumerate(array.axes) if i not in idx)
+        return NamedArray(out, keep)
+
+    reduction.__name__ = name
+    reduction.__qualname__ = name
+    reduction.__doc__ = (
+        f"`jnp.{name}` over the named axes `axis` (all axes if None). `where` (a NamedArray, "
+        f"aligned by name) masks elements out of the reduction."
+    )
+    return reduction
+
+
+sum = _make_reduction(jnp.sum, "sum")  # noqa: A001
+mean = _make_reduction(jnp.mean, "mean")
+max = _make_reduction(jnp.max, "max")  # noqa: A001
+min = _make_reduction(jnp.min, "min")  # noqa: A001
+prod = _make_reduction(jnp.prod, "prod")
+std = _make_reduction(jnp.std, "std")
+var = _make_reduction(jnp.var, "var")
+any = _make_reduction(jnp.any, "any")  # noqa: A001
+all = _make_reduction(jnp.all, "all")  # noqa: A001
+count_nonzero = _make_reduction(jnp.count_nonzero, "count_nonzero", supports_where=False)
+
+
+def logsumexp(array: NamedArray, axis: AxisSelection | None = None, *, where=None) -> NamedArray:
+    """`log(sum(exp(array)))` over named axes, computed stably."""
+    idx = _reduce_indices(array, axis)
+    arr = array.array
+    kwargs = {}
+    if where is not None:
+        _, (arr, w) = _raw_operands(array, where)
+        kwargs["where"] = jnp.broadcast_to(w, arr.shape)
+    out = jax.nn.logsumexp(arr, axis=idx, **kwargs)
+    return NamedArray(out, tuple(a for i, a in enumerate(array.axes) if i not in idx))
+
+
+def _make_arg(fn: Callable, name: str) -> Callable:
+    def arg(array: NamedArray, axis: AxisSelector | None) -> NamedArray:
+        if axis is None:
+            return NamedArray(fn(array.array.reshape(-1)), ())
+        i = array.axis_index(axis)
+        return NamedArray(fn(array.array, axis=i), array.axes[:i] + array.axes[i + 1 :])
+
+    arg.__name__ = name
+    arg.__qualname__ = name
+    arg.__doc__ = f"`jnp.{name}` along one named axis (the axis is removed)."
+    return arg
+
+
+argmax = _make_arg(jnp.argmax, "argmax")
+argmin = _make_arg(jnp.argmin, "argmin")
+
+_ = axis_name  # re-exported helper used by callers of this module

@@ -1,0 +1,108 @@
+"""Activations, softmax and one-hot over named axes.
+
+>>> import meltemi.haliax as hax
+>>> V = hax.Axis("vocab", 3)
+>>> hax.nn.softmax(hax.zeros(V), axis=V).array
+Array([0.333..., 0.333..., 0.333...], dtype=float32)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from meltemi.haliax._core import Axis, AxisSelection, NamedArray, _as_tuple
+from meltemi.haliax._reductions import logsumexp
+
+__all__ = [
+    "relu",
+    "relu6",
+    "gelu",
+    "quick_gelu",
+    "silu",
+    "swish",
+    "sigmoid",
+    "tanh",
+    "softplus",
+    "elu",
+    "leaky_relu",
+    "softmax",
+    "log_softmax",
+    "logsumexp",
+    "standardize",
+    "one_hot",
+]
+
+
+def _unary(fn, name):
+    def act(x: Any, *args, **kwargs):
+        if isinstance(x, NamedArray):
+            return NamedArray(fn(x.array, *args, **kwargs), x.axes)
+        return fn(x, *args, **kwargs)
+
+    act.__name__ = name
+    act.__qualname__ = name
+    act.__doc__ = f"Elementwise `jax.nn.{name}` (axes are kept)."
+    return act
+
+
+relu = _unary(jax.nn.relu, "relu")
+relu6 = _unary(jax.nn.relu6, "relu6")
+silu = _unary(jax.nn.silu, "silu")
+swish = _unary(jax.nn.swish, "swish")
+sigmoid = _unary(jax.nn.sigmoid, "sigmoid")
+tanh = _unary(jnp.tanh, "tanh")
+softplus = _unary(jax.nn.softplus, "softplus")
+elu = _unary(jax.nn.elu, "elu")
+leaky_relu = _unary(jax.nn.leaky_relu, "leaky_relu")
+
+
+def gelu(x: NamedArray, approximate: bool = True) -> NamedArray:
+    """GELU; `approximate=False` is the exact erf form (HF `gelu`), True the tanh form."""
+    return NamedArray(jax.nn.gelu(x.array, approximate=approximate), x.axes)
+
+
+def quick_gelu(x: NamedArray) -> NamedArray:
+    return NamedArray(x.array * jax.nn.sigmoid(1.702 * x.array), x.axes)
+
+
+def _idx(x: NamedArray, axis: AxisSelection) -> tuple[int, ...]:
+    return tuple(x.axis_index(a) for a in _as_tuple(axis))
+
+
+def softmax(x: NamedArray, axis: AxisSelection, *, where: Any = None) -> NamedArray:
+    """Softmax over the named axis (or axes)."""
+    kw = {}
+    if where is not None:
+        kw["where"] = where.broadcast_to(x.axes).array if isinstance(where, NamedArray) else where
+    return NamedArray(jax.nn.softmax(x.array, axis=_idx(x, axis), **kw), x.axes)
+
+
+def log_softmax(x: NamedArray, axis: AxisSelection) -> NamedArray:
+    """Log-softmax over the named axis (or axes)."""
+    return NamedArray(jax.nn.log_softmax(x.array, axis=_idx(x, axis)), x.axes)
+
+
+def standardize(x: NamedArray, axis: AxisSelection, *, eps: float = 1e-5) -> NamedArray:
+    """`(x - mean) / sqrt(var + eps)` over `axis`."""
+    idx = _idx(x, axis)
+    mean = jnp.mean(x.array, axis=idx, keepdims=True)
+    var = jnp.var(x.array, axis=idx, keepdims=True)
+    return NamedArray((x.array - mean) * jax.lax.rsqrt(var + eps), x.axes)
+
+
+def one_hot(x: NamedArray | int, axis: Axis, *, dtype: Any = jnp.float32) -> NamedArray:
+    """One-hot encoding along a new trailing axis `axis`.
+
+    >>> import meltemi.haliax as hax
+    >>> one_hot(1, hax.Axis("v", 3)).array
+    Array([0., 1., 0.], dtype=float32)
+    """
+    if isinstance(x, NamedArray):
+        return NamedArray(jax.nn.one_hot(x.array, axis.size, dtype=dtype), x.axes + (axis,))
+    return NamedArray(jax.nn.one_hot(x, axis.size, dtype=dtype), (axis,))
+
+
+_ = logsumexp

@@ -1,0 +1,94 @@
+"""`LayerNorm` and `RmsNorm` over a named axis.
+
+Statistics are computed in float32 when the input is lower precision, then cast back.
+
+>>> import meltemi.haliax as hax
+>>> Embed = hax.Axis("embed", 4)
+>>> norm = hax.nn.RmsNorm.init(Embed, eps=1e-6)
+>>> norm(hax.arange(Embed).astype(float)).axes
+(Axis(name='embed', size=4),)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from meltemi.haliax._core import AxisSpec, NamedArray, _as_tuple
+from meltemi.haliax._ops import ones, zeros
+
+__all__ = ["LayerNorm", "RmsNorm"]
+
+
+def _stat_dtype(dtype):
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def _affine(out: NamedArray, weight: NamedArray | None, bias: NamedArray | None) -> NamedArray:
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out
+
+
+class LayerNorm(eqx.Module):
+    """`(x - mean) / sqrt(var + eps) * weight + bias` over `axis`."""
+
+    weight: NamedArray | None
+    bias: NamedArray | None
+    axis: AxisSpec = eqx.field(static=True)
+    eps: float = eqx.field(static=True, default=1e-5)
+
+    @staticmethod
+    def init(
+        axis: AxisSpec,
+        eps: float = 1e-5,
+        use_weight: bool = True,
+        use_bias: bool = True,
+        dtype: Any = jnp.float32,
+    ) -> LayerNorm:
+        weight = ones(axis, dtype) if use_weight else None
+        bias = zeros(axis, dtype) if use_bias else None
+        return LayerNorm(weight, bias, axis, eps)
+
+    @jax.named_scope("layer_norm")
+    def __call__(self, x: NamedArray) -> NamedArray:
+        idx = tuple(x.axis_index(a) for a in _as_tuple(self.axis))
+        a = x.array.astype(_stat_dtype(x.dtype))
+        mean = jnp.mean(a, axis=idx, keepdims=True)
+        var = jnp.mean(jnp.square(a - mean), axis=idx, keepdims=True)
+        out = NamedArray(((a - mean) * jax.lax.rsqrt(var + self.eps)).astype(x.dtype), x.axes)
+        return _affine(out, self.weight, self.bias)
+
+
+class RmsNorm(eqx.Module):
+    """`x / sqrt(mean(x^2) + eps) * weight (+ bias)` over `axis` (Llama's RMSNorm)."""
+
+    weight: NamedArray | None
+    bias: NamedArray | None
+    axis: AxisSpec = eqx.field(static=True)
+    eps: float = eqx.field(static=True, default=1e-6)
+
+    @staticmethod
+    def init(
+        axis: AxisSpec,
+        eps: float = 1e-6,
+        use_weight: bool = True,
+        use_bias: bool = False,
+        dtype: Any = jnp.float32,
+    ) -> RmsNorm:
+        weight = ones(axis, dtype) if use_weight else None
+        bias = zeros(axis, dtype) if use_bias else None
+        return RmsNorm(weight, bias, axis, eps)
+
+    @jax.named_scope("rms_norm")
+    def __call__(self, x: NamedArray) -> NamedArray:
+        idx = tuple(x.axis_index(a) for a in _as_tuple(self.axis))
+        a = x.array.astype(_stat_dtype(x.dtype))
+        ms = jnp.mean(jnp.square(a), axis=idx, keepdims=True)
+        out = NamedArray((a * jax.lax.rsqrt(ms + self.eps)).astype(x.dtype), x.axes)
+        return _affine(out, self.weight, self.bias)
