@@ -1,0 +1,187 @@
+"""What callers hold: `ActorHandle`, its `ActorMethod`s, `ActorGroup`, and `ActorInfo` rows."""
+
+from __future__ import annotations
+
+import difflib
+import threading
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from meltemi.fray._future import Future
+from meltemi.fray._methods import MethodInfo
+
+if TYPE_CHECKING:
+    from meltemi.fray._cluster import Cluster, _Actor
+
+__all__ = ["ActorGroup", "ActorHandle", "ActorInfo", "ActorMethod"]
+
+_UNSET: Any = object()
+
+
+class ActorMethod:
+    """One method of an actor, bound to a handle.
+
+    `handle.m(*a)` blocks for the result; `handle.m.remote(*a)` returns a `Future`;
+    `await handle.m.aio(*a)` awaits it; `handle.m.options(timeout=5).remote(*a)` sets this
+    call's deadline (seconds) and, for idempotent methods, its `retries`.
+    """
+
+    __slots__ = ("_handle", "_info", "_timeout", "_retries")
+
+    def __init__(self, handle: ActorHandle, info: MethodInfo, timeout=None, retries=None):
+        self._handle = handle
+        self._info = info
+        self._timeout = timeout
+        self._retries = retries
+
+    def options(self, *, timeout: float | None = _UNSET, retries: int | None = _UNSET):
+        """A copy of this method with its own deadline (seconds) and retry count."""
+        timeout = self._timeout if timeout is _UNSET else timeout
+        retries = self._retries if retries is _UNSET else retries
+        if timeout is not None and (isinstance(timeout, bool) or not timeout > 0):
+            raise ValueError(
+                f"{self._handle.name}.{self._info.name}.options(timeout={timeout!r}): the "
+                "timeout must be a positive number of seconds"
+            )
+        if retries is not None and retries and not self._info.idempotent:
+            raise ValueError(
+                f"{self._handle.name}.{self._info.name}.options(retries={retries!r}): only "
+                f"methods marked @fray.idempotent may be retried (at-most-once otherwise); "
+                f"decorate {self._info.name} with @fray.idempotent if running it twice is safe"
+            )
+        return ActorMethod(self._handle, self._info, timeout, retries)
+
+    def remote(self, *args, **kwargs) -> Future:
+        """Starts the call and returns its `Future` (calls through one handle stay ordered)."""
+        h = self._handle
+        return h._cluster._call(h, self._info, args, kwargs, self._timeout, self._retries)
+
+    def __call__(self, *args, **kwargs) -> Any:
+        h = self._handle
+        return h._cluster._call(h, self._info, args, kwargs, self._timeout, self._retries).result()
+
+    async def aio(self, *args, **kwargs) -> Any:
+        """Awaitable form of the call, for asyncio code."""
+        return await self.remote(*args, **kwargs)._as_asyncio()
+
+    def __repr__(self) -> str:
+        return f"<fray.ActorMethod {self._handle.name}.{self._info.name}>"
+
+
+class ActorHandle:
+    """A reference to an actor: attribute access gives its public methods.
+
+    Handles are cheap; each holds its own connection (LocalCluster), so calls through one
+    handle run in the order they were made. The handle follows its actor across restarts,
+    telling the caller once (`ActorRestarted` or `ActorDied(will_restart=True)`) per restart.
+    """
+
+    __slots__ = ("_cluster", "_actor", "_epoch", "_conn", "_conn_lock", "__weakref__")
+
+    def __init__(self, cluster: Cluster, actor: _Actor, epoch: int):
+        self._cluster = cluster
+        self._actor = actor
+        self._epoch = epoch
+        self._conn = None
+        self._conn_lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        """The actor's name (unique in its cluster)."""
+        return self._actor.name
+
+    @property
+    def epoch(self) -> int:
+        """The incarnation this handle talks to (0 at first, +1 per restart)."""
+        return self._epoch
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """`(host, port)` of the actor's RPC server (LocalCluster), else None."""
+        return self._cluster._address(self._actor)
+
+    @property
+    def rank(self) -> int:
+        """The actor's rank in its group (0 for a lone actor)."""
+        return self._actor.rank
+
+    def __getattr__(self, attr: str) -> ActorMethod:
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        info = self._actor.methods.get(attr)
+        if info is None:
+            cls = self._actor.cls.__name__
+            close = difflib.get_close_matches(attr, list(self._actor.methods), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            known = ", ".join(sorted(self._actor.methods)) or "none"
+            raise AttributeError(
+                f"actor {self.name!r} ({cls}) has no public method {attr!r}{hint} "
+                f"(public methods: {known})"
+            )
+        return ActorMethod(self, info)
+
+    def __repr__(self) -> str:
+        return (
+            f"<fray.ActorHandle {self.name!r} ({self._actor.cls.__name__}) epoch={self._epoch} "
+            f"on {self._cluster.backend}>"
+        )
+
+    def __reduce__(self):
+        raise TypeError(
+            f"a handle to actor {self.name!r} cannot be pickled; pass its name and call "
+            "cluster.get(name) on the other side"
+        )
+
+    def __del__(self):
+        conn = self._conn
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                pass
+
+
+class ActorGroup(Sequence):
+    """The members of a group made by `spawn_group`, in rank order (a sequence of handles).
+
+    Members are named `"<group>/<rank>"`; with gang semantics (the default) they live, die
+    and restart together.
+    """
+
+    def __init__(self, name: str, handles: list[ActorHandle]):
+        self.name = name
+        self._handles = tuple(handles)
+
+    def __getitem__(self, i):
+        return self._handles[i]
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    def __iter__(self) -> Iterator[ActorHandle]:
+        return iter(self._handles)
+
+    def call(self, method: str, *args, **kwargs) -> list[Future]:
+        """Starts `method(*args, **kwargs)` on every member; returns their futures by rank."""
+        return [getattr(h, method).remote(*args, **kwargs) for h in self._handles]
+
+    def __repr__(self) -> str:
+        return f"<fray.ActorGroup {self.name!r} of {len(self)}>"
+
+
+class ActorInfo(NamedTuple):
+    """One row of `cluster.actors()` (and of `bazel run //fray:status`)."""
+
+    name: str
+    cls: str
+    state: str
+    epoch: int
+    failures: int
+    preemptions: int
+    pid: int | None
+    address: tuple[str, int] | None
+    calls: int
+    errors: int
+    p50_us: float
+    p99_us: float
+    group: str | None
