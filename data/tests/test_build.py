@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -13,10 +14,13 @@ import numpy as np
 import pytest
 from conftest import varied_texts, write_jsonl
 
+from meltemi import fray
 from meltemi.data import (
     ByteTokenizer,
     CleanPolicy,
+    FrayExecutor,
     JsonlFiles,
+    ProcessExecutor,
     StoreError,
     TextFiles,
     TokenizerMismatchError,
@@ -24,6 +28,7 @@ from meltemi.data import (
     build_store,
     train_bpe,
 )
+from meltemi.data._build import _build_shard
 
 TOK = ByteTokenizer()
 
@@ -165,10 +170,42 @@ def test_finished_build_is_reopened_not_rebuilt(tmp_path):
     assert os.stat(tmp_path / "s" / "meta.json").st_mtime_ns == mtime
 
 
-def test_process_pool_build_equals_inline_build(tmp_path):
+def test_fray_workers_build_the_same_store_as_inline(tmp_path):
     src, texts = _many_files(tmp_path, 9)
+    inline = build_store([src], TOK, tmp_path / "i", shard_bytes=200)
     pooled = build_store([src], TOK, tmp_path / "p", shard_bytes=200, workers=2)
-    assert _decoded(pooled) == texts
+    assert _decoded(pooled) == _decoded(inline) == texts
+    assert pooled.metadata["shards"] == inline.metadata["shards"]
+
+
+def test_process_pool_executor_builds_the_same_store(tmp_path):
+    src, texts = _many_files(tmp_path, 5)
+    store = build_store([src], TOK, tmp_path / "p", shard_bytes=200, executor=ProcessExecutor(2))
+    assert _decoded(store) == texts
+
+
+def test_a_failing_worker_leaves_a_resumable_build(tmp_path):
+    src, texts = _many_files(tmp_path, 6)
+    with fray.InProcessCluster() as cluster:
+        flaky = FrayExecutor(2, cluster=cluster)
+        with pytest.raises(fray.RemoteError, match="shard 3 exploded"):
+            build_store([src], TOK, tmp_path / "s", shard_bytes=1, executor=_Exploding(flaky, 3))
+    store = build_store([src], TOK, tmp_path / "s", shard_bytes=1)
+    assert _decoded(store) == texts
+
+
+def _explode_on(task, shard):
+    if task.shard == shard:
+        raise RuntimeError(f"shard {shard} exploded")
+    return _build_shard(task)
+
+
+class _Exploding:
+    def __init__(self, inner, shard):
+        self.inner, self.shard = inner, shard
+
+    def map_unordered(self, fn, items):
+        return self.inner.map_unordered(functools.partial(_explode_on, shard=self.shard), items)
 
 
 _KILL_SCRIPT = """

@@ -21,7 +21,7 @@ from meltemi.data._build import build_store
 from meltemi.data._clean import CleanPolicy, ngram_hashes, truncate_runs
 from meltemi.data._dataset import PackedDataset, Piece, batch_rows
 from meltemi.data._mixture import DatasetExhausted, MixtureDataset, exact_counts
-from meltemi.data._parallel import Executor, InlineExecutor, ProcessExecutor
+from meltemi.data._parallel import Executor, FrayExecutor, InlineExecutor, ProcessExecutor
 from meltemi.data._prefetch import Prefetcher
 from meltemi.data._sources import (
     JsonlFiles,
@@ -30,10 +30,18 @@ from meltemi.data._sources import (
     Source,
     SourceError,
     TextFiles,
+    parse_source,
     stdlib_corpus,
 )
 from meltemi.data._store import StoreError, TokenizerMismatchError, TokenStore
-from meltemi.data._tokenizer import ByteTokenizer, HfTokenizer, Tokenizer, TokenizerError, train_bpe
+from meltemi.data._tokenizer import (
+    ByteTokenizer,
+    HfTokenizer,
+    Tokenizer,
+    TokenizerError,
+    load_tokenizer,
+    train_bpe,
+)
 from meltemi.data.permutation import (
     BlockShuffle,
     EraShuffle,
@@ -51,6 +59,7 @@ __all__ = [
     "EraShuffle",
     "Executor",
     "FeistelPermutation",
+    "FrayExecutor",
     "HfTokenizer",
     "InlineExecutor",
     "JsonlFiles",
@@ -74,7 +83,9 @@ __all__ = [
     "batch_rows",
     "build_store",
     "exact_counts",
+    "load_tokenizer",
     "ngram_hashes",
+    "parse_source",
     "stdlib_corpus",
     "train_bpe",
     "truncate_runs",

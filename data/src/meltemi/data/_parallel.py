@@ -1,4 +1,5 @@
-"""Where build work runs: inline, or in a pool of local processes.
+"""Where build work runs: inline, on fray actors (the default for several workers), or in a
+plain process pool.
 
 The build only needs `map_unordered(fn, items)`: results come back as they finish, so the
 caller can record each one in the ledger at once.
@@ -11,7 +12,9 @@ import multiprocessing
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
-__all__ = ["Executor", "InlineExecutor", "ProcessExecutor", "make_executor"]
+from meltemi.data._fray import FrayExecutor
+
+__all__ = ["Executor", "FrayExecutor", "InlineExecutor", "ProcessExecutor", "make_executor"]
 
 
 class Executor(Protocol):
@@ -53,7 +56,9 @@ class ProcessExecutor:
 
 
 def make_executor(workers: int) -> Executor:
-    """`InlineExecutor()` for one worker, else a `ProcessExecutor(workers)`."""
-    if not isinstance(workers, int) or workers < 1:
+    """`InlineExecutor()` for one worker, else `FrayExecutor(workers)` (a fray LocalCluster)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers={workers!r}: need an int >= 1 (1 builds in this process)")
-    return InlineExecutor() if workers == 1 else ProcessExecutor(workers)
+    if workers == 1:
+        return InlineExecutor()
+    return FrayExecutor(workers)

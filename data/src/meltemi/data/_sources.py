@@ -26,6 +26,7 @@ __all__ = [
     "SourceError",
     "TextFiles",
     "open_binary",
+    "parse_source",
     "stdlib_corpus",
 ]
 
@@ -310,3 +311,28 @@ def stdlib_corpus(split: str = "train", *, validation_percent: int = 5) -> Sourc
         split=split,
         validation_percent=validation_percent,
     )
+
+
+def parse_source(spec: str) -> Source:
+    """A source from a command-line spec.
+
+    `stdlib:train`, `stdlib:validation`, or `KIND:NAME=PATHS` with KIND in `text`, `jsonl`,
+    `parquet` and PATHS a comma-separated list of files, directories or globs.
+
+    >>> parse_source("jsonl:web=/data/web/*.jsonl.zst").paths
+    ('/data/web/*.jsonl.zst',)
+    >>> parse_source("stdlib:validation").name
+    'stdlib-validation'
+    """
+    kind, sep, rest = spec.partition(":")
+    if kind == "stdlib" and sep:
+        return stdlib_corpus(rest)
+    kinds = {"text": TextFiles, "jsonl": JsonlFiles, "parquet": ParquetFiles}
+    name, eq, paths = rest.partition("=")
+    if kind not in kinds or not sep or not eq or not name or not paths:
+        raise SourceError(
+            f"source spec {spec!r}: use 'stdlib:train', 'stdlib:validation' or "
+            f"'KIND:NAME=PATH[,PATH...]' with KIND in {sorted(kinds)}, e.g. "
+            f"'jsonl:web=data/*.jsonl.gz'"
+        )
+    return kinds[kind](name, tuple(paths.split(",")))

@@ -10,7 +10,14 @@ from collections.abc import Iterable
 
 import numpy as np
 
-__all__ = ["ByteTokenizer", "HfTokenizer", "Tokenizer", "TokenizerError", "train_bpe"]
+__all__ = [
+    "ByteTokenizer",
+    "HfTokenizer",
+    "Tokenizer",
+    "TokenizerError",
+    "load_tokenizer",
+    "train_bpe",
+]
 
 
 class TokenizerError(ValueError):
@@ -244,3 +251,14 @@ def train_bpe(
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     tok.save(output)
     return HfTokenizer(output, bos="<bos>", eos="<eos>", pad="<pad>")
+
+
+def load_tokenizer(spec: str | os.PathLike) -> Tokenizer:
+    """`"byte"` -> `ByteTokenizer()`; anything else is a tokenizer.json path (`HfTokenizer`).
+
+    >>> load_tokenizer("byte")
+    ByteTokenizer()
+    """
+    if os.fspath(spec) == "byte":
+        return ByteTokenizer()
+    return HfTokenizer(spec)

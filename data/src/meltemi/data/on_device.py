@@ -40,34 +40,66 @@ def _round_fn(r: jax.Array, key: int) -> jax.Array:
     return h ^ (h >> 16)
 
 
+def _reduce(h: jax.Array, m: jax.Array) -> jax.Array:
+    """floor(h * m / 2**32) for m <= 2**16, in uint32 arithmetic (see permutation._reduce32)."""
+    return (((h >> 16) * m) + (((h & jnp.uint32(0xFFFF)) * m) >> 16)) >> 16
+
+
 def _network(x: jax.Array, keys: tuple[int, ...], a: int, b: int, inverse: bool) -> jax.Array:
-    if not inverse:
-        left, right, wl, wr = x >> b, x & jnp.uint32((1 << b) - 1), a, b
-        for key in keys:
-            f = _round_fn(right, key) & jnp.uint32((1 << wl) - 1)
-            left, right = right, left ^ f
-            wl, wr = wr, wl
-    else:
-        wl, wr = (a, b) if len(keys) % 2 == 0 else (b, a)
-        left, right = x >> wr, x & jnp.uint32((1 << wr) - 1)
-        for key in reversed(keys):
-            f = _round_fn(left, key) & jnp.uint32((1 << wr) - 1)
-            left, right = right ^ f, left
-            wl, wr = wr, wl
-    return (left << wr) | right
+    """The same mixed-radix Feistel network as `FeistelPermutation._network` (uint32)."""
+    rounds = len(keys)
+    m_left, m_right = (a, b) if not inverse or rounds % 2 == 0 else (b, a)
+    left = x // jnp.uint32(m_right)
+    right = x - left * jnp.uint32(m_right)
+    for key in reversed(keys) if inverse else keys:
+        if not inverse:
+            m = jnp.uint32(m_left)
+            t = left + _reduce(_round_fn(right, key), m)
+            left, right = right, jnp.minimum(t, t - m)
+        else:
+            m = jnp.uint32(m_right)
+            t = right + (m - _reduce(_round_fn(left, key), m))
+            left, right = jnp.minimum(t, t - m), left
+        m_left, m_right = m_right, m_left
+    return left * jnp.uint32(m_right) + right
+
+
+_ROW = 256  # lanes per row when gathering the few rows that need a walk
 
 
 @functools.lru_cache(maxsize=64)
 def _compiled(length: int, keys: tuple[int, ...], a: int, b: int, inverse: bool) -> Callable:
-    n = jnp.uint32(length - 1)  # length may be 2**32: compare with <= length - 1.
+    last = jnp.uint32(length - 1)  # length may be 2**32: compare with <= length - 1.
+    waste = (a * b - length) / (a * b)  # < 1 / sqrt(length)
+
+    def walk(y):
+        return jnp.where(y > last, _network(y, keys, a, b, inverse), y)
+
+    def walk_all(y):
+        return jax.lax.while_loop(lambda y: jnp.any(y > last), walk, y)
 
     def apply(indices: jax.Array) -> jax.Array:
-        x = _network(indices.astype(jnp.uint32), keys, a, b, inverse)
-
-        def walk(y):
-            return jnp.where(y > n, _network(y, keys, a, b, inverse), y)
-
-        return jax.lax.while_loop(lambda y: jnp.any(y > n), walk, x)
+        shape = indices.shape
+        flat = _network(indices.reshape(-1).astype(jnp.uint32), keys, a, b, inverse)
+        # Materialise once: otherwise XLA fuses (recomputes) the network into every consumer.
+        flat = jax.lax.optimization_barrier(flat)
+        if waste == 0.0:
+            return flat.reshape(shape)
+        size = flat.size
+        rows = -(-size // _ROW)
+        if rows * _ROW != size:
+            flat = jnp.pad(flat, (0, rows * _ROW - size))
+        grid = flat.reshape(rows, _ROW)
+        budget = min(rows, int(size * waste * 1.5) + 8)
+        if budget < rows:
+            # Walk only the rows holding a lane outside [0, length) (about size * waste of
+            # them), instead of running the whole network again on every lane.
+            (idx,) = jnp.nonzero(jnp.any(grid > last, axis=1), size=budget, fill_value=rows)
+            sub = walk_all(grid.at[idx].get(mode="fill", fill_value=0))
+            grid = grid.at[idx].set(sub, mode="drop")
+        # Rows beyond the budget (rare) are walked here; otherwise this is one reduction.
+        flat = walk_all(grid).reshape(-1)
+        return (flat if rows * _ROW == size else flat[:size]).reshape(shape)
 
     return jax.jit(apply)
 
@@ -88,7 +120,7 @@ def feistel_jax(perm: FeistelPermutation, *, inverse: bool = False) -> Callable:
             f"feistel_jax: length {perm.length} exceeds 2**32, the range of uint32 lanes; "
             f"use the numpy FeistelPermutation for this length"
         )
-    a, b = perm.widths()
+    a, b = perm.radices
     return _compiled(perm.length, perm.keys, a, b, inverse)
 
 

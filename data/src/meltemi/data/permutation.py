@@ -1,9 +1,10 @@
 """Bijective index permutations of `[0, length)`, vectorised over numpy arrays.
 
-`FeistelPermutation` is the one to use: a keyed, non-linear Feistel network on the smallest
-power-of-two domain `[0, 2**k)` covering `length`, restricted to `[0, length)` by cycle walking.
+`FeistelPermutation` is the one to use: a keyed, non-linear, alternating-radix Feistel network
+on `[0, A * B)` with `A * B` just above `length`, restricted to `[0, length)` by cycle walking.
 Each round is invertible (its inverse is written out below), so the network is a bijection of
-`[0, 2**k)`; cycle walking then restricts any bijection of a superset to a bijection of the subset.
+`[0, A * B)`; cycle walking then restricts any bijection of a superset to a bijection of the
+subset (see docs/design/data.md for the proof).
 `LinearPermutation` is the affine shuffle `(a * x + b) mod length` kept for comparison only: it
 is a bijection too, but consecutive inputs land a constant stride apart, so sorted data comes
 out in visible phases. `EraShuffle` permutes within consecutive eras; `BlockShuffle` keeps I/O
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import math
 
 import numpy as np
 
@@ -121,8 +123,8 @@ class IndexPermutation(abc.ABC):
         return arr.astype(np.int64, copy=False)
 
 
-def _round_fn(r: np.ndarray, key: np.uint32, out: np.ndarray) -> np.ndarray:
-    """out = lowbias32(r ^ key): the non-linear Feistel round function on uint32 lanes."""
+def _mix32(r: np.ndarray, key: np.uint32, out: np.ndarray) -> np.ndarray:
+    """out = lowbias32(r ^ key): the non-linear round function on uint32 lanes."""
     np.bitwise_xor(r, key, out=out)
     np.bitwise_xor(out, out >> np.uint32(16), out=out)
     np.multiply(out, _MUL1, out=out)
@@ -132,22 +134,56 @@ def _round_fn(r: np.ndarray, key: np.uint32, out: np.ndarray) -> np.ndarray:
     return out
 
 
+def _mix64(r: np.ndarray, key: np.uint64, out: np.ndarray) -> np.ndarray:
+    """out = splitmix64-finaliser(r ^ key): the round function on uint64 lanes."""
+    np.bitwise_xor(r, key, out=out)
+    np.bitwise_xor(out, out >> np.uint64(30), out=out)
+    np.multiply(out, np.uint64(0xBF58476D1CE4E5B9), out=out)
+    np.bitwise_xor(out, out >> np.uint64(27), out=out)
+    np.multiply(out, np.uint64(0x94D049BB133111EB), out=out)
+    np.bitwise_xor(out, out >> np.uint64(31), out=out)
+    return out
+
+
+def _reduce32(f: np.ndarray, m: np.uint32, tmp: np.ndarray) -> np.ndarray:
+    """f = floor(f * m / 2**32) in place: Lemire's multiply-shift range reduction, exact in
+    uint32 arithmetic for m <= 2**16 (high and low 16-bit halves), bias <= m / 2**32."""
+    np.bitwise_and(f, np.uint32(0xFFFF), out=tmp)
+    np.multiply(tmp, m, out=tmp)
+    np.right_shift(tmp, np.uint32(16), out=tmp)
+    np.right_shift(f, np.uint32(16), out=f)
+    np.multiply(f, m, out=f)
+    np.add(f, tmp, out=f)
+    np.right_shift(f, np.uint32(16), out=f)
+    return f
+
+
+def _reduce64(f: np.ndarray, m: np.uint64, tmp: np.ndarray) -> np.ndarray:
+    """f = f mod m in place (uint64 lanes; bias <= m / 2**64)."""
+    np.floor_divide(f, m, out=tmp)
+    np.multiply(tmp, m, out=tmp)
+    np.subtract(f, tmp, out=f)
+    return f
+
+
 @dataclasses.dataclass(frozen=True)
 class FeistelPermutation(IndexPermutation):
     """A keyed Feistel-network permutation of `[0, length)`.
 
-    The domain `[0, 2**k)` (the smallest with `2**k >= length`, `k >= 2`) is split into a left
-    part of `k // 2` bits and a right part of `k - k // 2` bits. A round maps
-    `(L, R) -> (R, L xor F_i(R))` with `F_i(r) = lowbias32(r xor key_i)` truncated to the width
-    of `L`; widths alternate between rounds, which handles odd `k`. Inputs landing in
-    `[length, 2**k)` are walked along the permutation until they land inside (cycle walking);
-    since `2**k < 2 * length`, fewer than two applications are needed on average.
+    The network permutes `[0, A * B)` with `A = ceil(sqrt(length))`, `B = ceil(length / A)`,
+    writing `x = L * B + R` with digits `L < A`, `R < B`. A round maps
+    `(L, R) -> (R, (L + F_i(R)) mod A)` and swaps the radices (FF1-style alternating Feistel),
+    with the non-linear `F_i(r) = reduce(lowbias32(r xor key_i), A)`, `reduce(h, m) =
+    floor(h * m / 2**32)` (a 64-bit mixer and `h mod m` when `A * B > 2**32`). Since
+    `A * B - length < A`, at most a `1 / sqrt(length)` fraction of the network's range lies
+    outside `[0, length)`; an input landing there is walked along the network until it lands
+    inside (cycle walking), which almost never takes a second step.
 
     Args:
         length: size of the permuted range, `1 <= length <= 2**62`.
         seed: any integer in `[0, 2**64)`; with `length` and `rounds` it determines the keys.
-        rounds: Feistel rounds (at least 3; 6 by default, well past the 4 that make a
-            Luby-Rackoff network a strong pseudo-random permutation for random round functions).
+        rounds: Feistel rounds (at least 3; 6 by default, past the 4 that make a Luby-Rackoff
+            network a strong pseudo-random permutation for random round functions).
 
     >>> p = FeistelPermutation(65_537, seed=0)
     >>> len(np.unique(p(np.arange(65_537))))
@@ -171,65 +207,73 @@ class FeistelPermutation(IndexPermutation):
             )
 
     @property
-    def bits(self) -> int:
-        """`k`: the network permutes `[0, 2**k)`."""
-        return max(2, (self.length - 1).bit_length())
+    def radices(self) -> tuple[int, int]:
+        """(A, B): the network permutes `[0, A * B)`, `x = L * B + R` with `L < A`, `R < B`."""
+        a = math.isqrt(self.length - 1) + 1
+        return a, -(-self.length // a)
+
+    @property
+    def wide(self) -> bool:
+        """True when the network needs 64-bit lanes (`A * B > 2**32`; numpy only)."""
+        a, b = self.radices
+        return a * b > 1 << 32
 
     @property
     def keys(self) -> tuple[int, ...]:
-        """The 32-bit round keys (a function of seed, length and rounds)."""
+        """The round keys (32-bit, or 64-bit when `wide`); a function of seed, length, rounds."""
         base = derive_seed(self.seed, self.length, self.rounds, 0xFE15)
-        return tuple(_splitmix64(base + i) & 0xFFFFFFFF for i in range(self.rounds))
-
-    def widths(self) -> tuple[int, int]:
-        """(bits of L, bits of R) at the input of the first round."""
-        k = self.bits
-        return k // 2, k - k // 2
+        mask = _M64 if self.wide else 0xFFFFFFFF
+        return tuple(_splitmix64(base + i) & mask for i in range(self.rounds))
 
     def _network(self, x: np.ndarray, inverse: bool) -> np.ndarray:
-        """One application of the Feistel network (or its inverse) on values in `[0, 2**k)`."""
-        a, b = self.widths()
-        keys = [np.uint32(k) for k in self.keys]
-        x = x.astype(np.uint64, copy=False)
-        tmp = np.empty(x.shape, np.uint32)
-        if not inverse:
-            left = (x >> np.uint64(b)).astype(np.uint32)
-            right = (x & np.uint64((1 << b) - 1)).astype(np.uint32)
-            wl, wr = a, b
-            for key in keys:
-                f = _round_fn(right, key, tmp)
-                np.bitwise_and(f, np.uint32((1 << wl) - 1), out=f)
-                np.bitwise_xor(left, f, out=left)
+        """One application of the network (or its inverse) on values in `[0, A * B)`."""
+        dt = np.uint64 if self.wide else np.uint32
+        mix = _mix64 if self.wide else _mix32
+        reduce = _reduce64 if self.wide else _reduce32
+        keys = [dt(k) for k in self.keys]
+        a, b = self.radices
+        # After r rounds the radices have swapped r times.
+        m_left, m_right = (a, b) if not inverse or self.rounds % 2 == 0 else (b, a)
+        x = x.astype(dt, copy=False)
+        left = x // dt(m_right)
+        right = x - left * dt(m_right)
+        f = np.empty(x.shape, dt)
+        q = np.empty(x.shape, dt)
+        for key in reversed(keys) if inverse else keys:
+            if not inverse:
+                # (L, R) -> (R, (L + F(R)) mod m_left)
+                m = dt(m_left)
+                reduce(mix(right, key, f), m, q)
+                np.add(left, f, out=left)
+                # Unsigned wrap-around makes min(t, t - m) the reduction of t < 2 m mod m.
+                np.subtract(left, m, out=q)
+                np.minimum(left, q, out=left)
                 left, right = right, left
-                wl, wr = wr, wl
-            out = left.astype(np.uint64) << np.uint64(wr)
-            return out | right.astype(np.uint64)
-        # The inverse starts from the output widths: after r rounds the widths have swapped
-        # r times. Round inverse: (L', R') = (R, L ^ F(R)) -> R = L', L = R' ^ F(L').
-        wl, wr = (a, b) if len(keys) % 2 == 0 else (b, a)
-        left = (x >> np.uint64(wr)).astype(np.uint32)
-        right = (x & np.uint64((1 << wr) - 1)).astype(np.uint32)
-        for key in reversed(keys):
-            # Before this round: widths (wr, wl); the new right part had width wr.
-            f = _round_fn(left, key, tmp)
-            np.bitwise_and(f, np.uint32((1 << wr) - 1), out=f)
-            np.bitwise_xor(right, f, out=right)
-            left, right = right, left
-            wl, wr = wr, wl
-        out = left.astype(np.uint64) << np.uint64(wr)
-        return out | right.astype(np.uint64)
+            else:
+                # (L', R') = (R, (L + F(R)) mod m) -> R = L', L = (R' - F(L')) mod m, where m is
+                # the radix of R' (m_right now).
+                m = dt(m_right)
+                reduce(mix(left, key, f), m, q)
+                np.subtract(m, f, out=f)
+                np.add(right, f, out=right)  # < 2 m: no wrap-around
+                np.subtract(right, m, out=q)
+                np.minimum(right, q, out=right)
+                left, right = right, left
+            m_left, m_right = m_right, m_left
+        return left * dt(m_right) + right
 
     def _walk(self, x: np.ndarray, inverse: bool) -> np.ndarray:
         out = np.empty(x.shape, np.int64)
-        n = np.uint64(self.length)
+        dt = np.uint64 if self.wide else np.uint32
+        last = dt(self.length - 1)
         for start in range(0, x.size, _CHUNK):
             y = self._network(x[start : start + _CHUNK], inverse)
-            todo = np.flatnonzero(y >= n)
+            todo = np.flatnonzero(y > last)
             while todo.size:
                 z = self._network(y[todo], inverse)
                 y[todo] = z
-                todo = todo[z >= n]
-            out[start : start + _CHUNK] = y.astype(np.int64)
+                todo = todo[z > last]
+            out[start : start + _CHUNK] = y
         return out
 
     def _forward(self, x: np.ndarray) -> np.ndarray:
@@ -261,8 +305,6 @@ class LinearPermutation(IndexPermutation):
     @property
     def coefficients(self) -> tuple[int, int]:
         """(a, b) with gcd(a, length) == 1."""
-        import math
-
         n = self.length
         if n == 1:
             return 1, 0
