@@ -146,7 +146,9 @@ def _as_config(config: Any) -> OptimizerConfig:
     return OptimizerConfig(**{k: _tuplify(v) for k, v in config.items()})
 
 
-def build_schedule(config: OptimizerConfig | Mapping[str, Any], peak: float | None = None):
+def build_schedule(
+    config: OptimizerConfig | Mapping[str, Any], peak: float | None = None
+) -> Schedule:
     """The learning-rate `Schedule` a config describes (at `peak`, default its learning_rate).
 
     Example:
