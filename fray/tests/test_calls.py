@@ -27,6 +27,7 @@ def test_remote_returns_a_future_that_resolves(make_cluster):
     assert future.done()
 
 
+@pytest.mark.backends("inprocess", "local")  # backend-agnostic: spare Ray
 def test_aio_call_can_be_awaited(make_cluster):
     counter = make_cluster().spawn(Counter)
 
@@ -36,6 +37,7 @@ def test_aio_call_can_be_awaited(make_cluster):
     assert asyncio.run(main()) == [2, "x"]
 
 
+@pytest.mark.backends("inprocess", "local")  # backend-agnostic: spare Ray
 def test_async_methods_are_run_to_completion(make_cluster):
     counter = make_cluster().spawn(Counter)
     assert counter.async_double(21) == 42
@@ -47,6 +49,7 @@ def test_call_past_its_deadline_raises_call_timeout(make_cluster):
         counter.sleep.options(timeout=0.2)(2.0)
 
 
+@pytest.mark.backends("inprocess", "local")  # backend-agnostic: spare Ray
 def test_cluster_default_deadline_applies_to_every_call(make_cluster):
     counter = make_cluster(call_timeout=0.2).spawn(Counter)
     with pytest.raises(fray.CallTimeout, match="call_timeout"):
@@ -81,12 +84,14 @@ def test_remote_exception_carries_type_message_and_traceback(make_cluster):
     assert counter.add(1) == 1  # the actor survives its method's exception
 
 
+@pytest.mark.backends("inprocess", "local")  # backend-agnostic: spare Ray
 def test_unknown_method_names_the_closest_one(make_cluster):
     counter = make_cluster().spawn(Counter)
     with pytest.raises(AttributeError, match="no public method 'ehco'; did you mean 'echo'"):
         counter.ehco(1)
 
 
+@pytest.mark.backends("inprocess", "local")  # backend-agnostic: spare Ray
 def test_named_actor_can_be_found_by_name(make_cluster):
     cluster = make_cluster()
     cluster.spawn(Counter, 11, name="store")
@@ -116,6 +121,7 @@ def test_retried_idempotent_call_runs_once(make_cluster):
     assert counter.value() == 5
 
 
+@pytest.mark.backends("inprocess", "local")  # backend-agnostic: spare Ray
 def test_retries_are_refused_for_methods_not_marked_idempotent(make_cluster):
     counter = make_cluster().spawn(Counter)
     with pytest.raises(ValueError, match="only methods marked @fray.idempotent may be retried"):

@@ -91,6 +91,7 @@ def test_sigterm_counts_as_a_preemption(make_cluster):
     assert counter.add(1) == 1
 
 
+@pytest.mark.backends("inprocess", "local")  # backend-agnostic: spare Ray
 def test_restart_waits_for_the_backoff(make_cluster):
     cluster = make_cluster()
     policy = fray.RestartPolicy(max_failures=1, backoff_initial_s=0.6)
@@ -102,6 +103,7 @@ def test_restart_waits_for_the_backoff(make_cluster):
     assert time.monotonic() - died >= 0.6
 
 
+@pytest.mark.backends("inprocess", "local")  # backend-agnostic: spare Ray
 def test_other_handles_are_told_of_a_restart_once(make_cluster):
     cluster = make_cluster()
     policy = fray.RestartPolicy(max_failures=1, backoff_initial_s=0.01)
@@ -182,6 +184,7 @@ def test_constructor_failure_fails_the_spawn(make_cluster):
         cluster.get("broken")  # the name is free again
 
 
+@pytest.mark.backends("inprocess", "local")  # backend-agnostic: spare Ray
 def test_killed_actor_stays_dead(make_cluster):
     cluster = make_cluster()
     policy = fray.RestartPolicy(max_failures=5)

@@ -602,10 +602,14 @@ class Cluster(abc.ABC):
                     self._stop(inc, graceful=False)
                     self._report_death(a, a.epoch, DeathInfo(a.hung, signal=9, preempted=False))
                 continue
-            if ping is not None:
-                try:
-                    a.stats = ping[0].result(0)
-                except Exception:
-                    pass
             fut = self._ping(inc)
             a.ping = None if fut is None else (fut, now)
+            if fut is not None:
+                fut.add_done_callback(lambda f, a=a: _take_stats(a, f))
+
+
+def _take_stats(actor: _Actor, ping: Future) -> None:
+    try:
+        actor.stats = ping.result(0)
+    except Exception:
+        pass  # a failed ping says nothing about call statistics
