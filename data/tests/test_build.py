@@ -235,3 +235,26 @@ def test_killed_build_resumes_with_no_duplicated_or_lost_documents(tmp_path):
     assert _decoded(store) == texts
     entries = [json.loads(x) for x in ledger.read_text().splitlines() if x.strip()]
     assert sorted({e["shard"] for e in entries}) == list(range(160))
+
+
+def test_a_store_opens_from_a_url(tiny_store):
+    again = TokenStore.open(f"file://{tiny_store.path}", tokenizer=TOK)
+    assert np.array_equal(again.document(7), tiny_store.document(7))
+    assert again.location(7) == tiny_store.location(7)
+
+
+_NO_JAX_SCRIPT = """
+import sys
+from meltemi.data import ByteTokenizer, JsonlFiles, PackedDataset, build_store
+store = build_store([JsonlFiles("a", [sys.argv[1]])], ByteTokenizer(), sys.argv[2])
+PackedDataset(store, seq_len=9, batch_size=2).batch(3)
+assert "jax" not in sys.modules, "meltemi.data imported jax"
+"""
+
+
+def test_store_and_datasets_work_without_importing_jax(tmp_path):
+    src = write_jsonl(tmp_path / "a.jsonl", varied_texts(11))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    subprocess.run(
+        [sys.executable, "-c", _NO_JAX_SCRIPT, str(src), str(tmp_path / "s")], env=env, check=True
+    )

@@ -87,3 +87,18 @@ def test_fingerprint_changes_when_a_file_changes(tmp_path):
     before = src.fingerprint()
     (tmp_path / "a.txt").write_text("one more")
     assert src.fingerprint() != before
+
+
+def test_urls_are_read_through_tensorstore_kvstores(tmp_path):
+    lines = "".join(json.dumps({"text": t}) + "\n" for t in ["one", "two"]).encode()
+    with gzip.open(tmp_path / "b.jsonl.gz", "wb") as f:
+        f.write(lines)
+    src = JsonlFiles("j", [f"file://{tmp_path}/*.jsonl.gz"])
+    assert src.files() == [f"file://{tmp_path}/b.jsonl.gz"]
+    assert _texts(src) == ["one", "two"]
+
+
+def test_missing_url_is_a_source_error(tmp_path):
+    src = TextFiles("t", [f"file://{tmp_path}/absent.txt"])
+    with pytest.raises(SourceError, match="absent.txt' does not exist"):
+        list(src.read(src.files()[0]))

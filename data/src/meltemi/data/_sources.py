@@ -18,6 +18,8 @@ import os
 import sysconfig
 from collections.abc import Iterator, Sequence
 
+import tensorstore as ts
+
 __all__ = [
     "JsonlFiles",
     "ParquetFiles",
@@ -63,9 +65,25 @@ def _cloudpath(path: str):
     return AnyPath(path)
 
 
+def _read_object(url: str) -> bytes:
+    """Reads a whole object through tensorstore's kvstore drivers (gs://, s3://, file://...)."""
+    base, _, key = url.rpartition("/")
+    try:
+        kv = ts.KvStore.open(base + "/").result()
+        value = kv.read(key).result()
+    except ValueError as e:
+        raise SourceError(f"cannot read {url!r} through tensorstore: {e}") from e
+    if value.state != "value":
+        raise SourceError(f"{url!r} does not exist")
+    return bytes(value.value)
+
+
 def open_binary(path: str) -> io.BufferedIOBase:
-    """Opens a local or cloud file for reading, decompressing `.gz` and `.zst` transparently."""
-    raw = _cloudpath(path).open("rb") if _is_cloud(path) else open(path, "rb")
+    """Opens a local file or a URL for reading, decompressing `.gz` and `.zst` transparently.
+
+    URLs (`gs://`, `s3://`, `file://`, ...) are read whole through tensorstore's kvstores.
+    """
+    raw = io.BytesIO(_read_object(path)) if "://" in path else open(path, "rb")
     if path.endswith(".gz"):
         return gzip.GzipFile(fileobj=raw)
     if path.endswith(".zst"):
@@ -83,7 +101,9 @@ def _expand(patterns: Sequence[str]) -> list[str]:
     files: list[str] = []
     for pattern in patterns:
         pattern = os.fspath(pattern)
-        if _is_cloud(pattern):
+        if pattern.startswith("file://"):
+            files += ["file://" + f for f in _expand([pattern.removeprefix("file://")])]
+        elif _is_cloud(pattern):
             if any(c in pattern for c in "*?["):
                 scheme, rest = pattern.split("://", 1)
                 bucket, _, key = rest.partition("/")
@@ -101,6 +121,7 @@ def _expand(patterns: Sequence[str]) -> list[str]:
 
 
 def _file_stat(path: str) -> tuple[int, int]:
+    path = path.removeprefix("file://")
     if _is_cloud(path):
         st = _cloudpath(path).stat()
         return int(st.st_size), int(getattr(st, "st_mtime", 0))
