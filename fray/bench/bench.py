@@ -87,7 +87,7 @@ QUICK = {"starts": 1, "warmup": 5, "noop": 50, "pipelined": 200, "echo1": 2, "ec
 
 def make_cluster(backend: str) -> fray.Cluster:
     if backend == "inprocess":
-        return fray.InProcessCluster(serialize=False)
+        return fray.InProcessCluster()  # the default: values pickled, as between processes
     if backend == "local":
         return fray.LocalCluster()
     from meltemi.fray.ray import RayCluster

@@ -41,6 +41,10 @@ class Counter:
     def noop(self) -> None:
         return None
 
+    def zero_first(self, array):
+        array[0] = 0
+        return array
+
     def sleep(self, seconds: float) -> float:
         time.sleep(seconds)
         return seconds

@@ -56,6 +56,12 @@ def test_cluster_default_deadline_applies_to_every_call(make_cluster):
         counter.sleep(2.0)
 
 
+@pytest.mark.backends("inprocess", "local")  # backend-agnostic: spare Ray
+def test_timeout_none_waits_without_a_deadline(make_cluster):
+    counter = make_cluster(call_timeout=0.1).spawn(Counter)
+    assert counter.sleep.options(timeout=None)(0.4) == 0.4
+
+
 @pytest.mark.backends("inprocess", "local")
 def test_call_whose_deadline_passes_in_the_queue_never_runs(make_cluster):
     counter = make_cluster().spawn(Counter)
@@ -73,6 +79,14 @@ def test_large_arrays_round_trip_unchanged(make_cluster):
     back = counter.echo(array)
     np.testing.assert_array_equal(back, array)
     assert back.dtype == np.uint8
+
+
+@pytest.mark.backends("inprocess", "local")
+def test_arguments_and_results_are_copies(make_cluster):
+    counter = make_cluster().spawn(Counter)
+    array = np.ones(70_001, dtype=np.int32)  # large enough to travel out of band
+    back = counter.zero_first(array)
+    assert array[0] == 1 and back[0] == 0
 
 
 def test_remote_exception_carries_type_message_and_traceback(make_cluster):

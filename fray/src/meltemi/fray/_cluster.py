@@ -31,7 +31,7 @@ from meltemi.fray._errors import (
     FrayError,
 )
 from meltemi.fray._future import Future
-from meltemi.fray._handle import ActorGroup, ActorHandle, ActorInfo
+from meltemi.fray._handle import DEFAULT, ActorGroup, ActorHandle, ActorInfo
 from meltemi.fray._methods import MethodInfo, method_table
 
 __all__ = ["Cluster", "DeathInfo"]
@@ -100,7 +100,7 @@ class Cluster(abc.ABC):
     Use as a context manager (or call `shutdown()`): leaving it stops every actor.
 
     Args:
-        call_timeout: default deadline of every call, in seconds.
+        call_timeout: default deadline of every call, in seconds (None: no deadline).
         heartbeat_interval_s: how often the supervisor pings each actor.
         heartbeat_timeout_s: an actor that has not answered a ping for this long is hung: it
             is killed and handled as a failure.
@@ -111,12 +111,12 @@ class Cluster(abc.ABC):
     def __init__(
         self,
         *,
-        call_timeout: float = 60.0,
+        call_timeout: float | None = 60.0,
         heartbeat_interval_s: float = 1.0,
         heartbeat_timeout_s: float = 30.0,
     ):
         for field, value in (
-            ("call_timeout", call_timeout),
+            ("call_timeout", 1.0 if call_timeout is None else call_timeout),
             ("heartbeat_interval_s", heartbeat_interval_s),
             ("heartbeat_timeout_s", heartbeat_timeout_s),
         ):
@@ -125,7 +125,7 @@ class Cluster(abc.ABC):
                     f"{type(self).__name__}({field}={value!r}): must be a positive number "
                     "of seconds"
                 )
-        self.call_timeout = float(call_timeout)
+        self.call_timeout = None if call_timeout is None else float(call_timeout)
         self._hb_interval = float(heartbeat_interval_s)
         self._hb_timeout = float(heartbeat_timeout_s)
         self._cond = threading.Condition()
@@ -343,7 +343,7 @@ class Cluster(abc.ABC):
 
     # -- calls -----------------------------------------------------------------------------
     def _call(self, handle, info: MethodInfo, args, kwargs, timeout, retries) -> Future:
-        timeout = self.call_timeout if timeout is None else float(timeout)
+        timeout = self.call_timeout if timeout is DEFAULT else timeout
         key = None
         if info.idempotent:
             key = (self._client_id(), next(self._counter))
@@ -357,7 +357,7 @@ class Cluster(abc.ABC):
         return cid
 
     def _attempt(self, handle, info, args, kwargs, timeout, key, retries) -> Future:
-        deadline = time.monotonic() + timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         actor = handle._actor
         fut = Future(actor.name, info.name, deadline, timeout)
         try:
@@ -398,8 +398,8 @@ class Cluster(abc.ABC):
                     continue
                 if state == ALIVE:
                     return actor.inc
-                left = deadline - time.monotonic()
-                if left <= 0:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
                     raise CallTimeout(actor.name, info.name, timeout, f"the actor was {state}")
                 self._cond.wait(left)
 

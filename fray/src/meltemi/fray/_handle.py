@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 __all__ = ["ActorGroup", "ActorHandle", "ActorInfo", "ActorMethod"]
 
 _UNSET: Any = object()
+DEFAULT: Any = _UNSET  # "use the cluster's call_timeout"
 
 
 class ActorMethod:
@@ -23,22 +24,23 @@ class ActorMethod:
 
     `handle.m(*a)` blocks for the result; `handle.m.remote(*a)` returns a `Future`;
     `await handle.m.aio(*a)` awaits it; `handle.m.options(timeout=5).remote(*a)` sets this
-    call's deadline (seconds) and, for idempotent methods, its `retries`.
+    call's deadline (seconds; `timeout=None` waits without a deadline, e.g. for a whole
+    training run) and, for idempotent methods, its `retries`.
     """
 
     __slots__ = ("_handle", "_info", "_timeout", "_retries")
 
-    def __init__(self, handle: ActorHandle, info: MethodInfo, timeout=None, retries=None):
+    def __init__(self, handle: ActorHandle, info: MethodInfo, timeout=_UNSET, retries=None):
         self._handle = handle
         self._info = info
         self._timeout = timeout
         self._retries = retries
 
     def options(self, *, timeout: float | None = _UNSET, retries: int | None = _UNSET):
-        """A copy of this method with its own deadline (seconds) and retry count."""
+        """A copy of this method with its own deadline (seconds, or None for none) and retries."""
         timeout = self._timeout if timeout is _UNSET else timeout
         retries = self._retries if retries is _UNSET else retries
-        if timeout is not None and (isinstance(timeout, bool) or not timeout > 0):
+        if timeout is not None and timeout is not _UNSET and not _positive(timeout):
             raise ValueError(
                 f"{self._handle.name}.{self._info.name}.options(timeout={timeout!r}): the "
                 "timeout must be a positive number of seconds"
@@ -66,6 +68,10 @@ class ActorMethod:
 
     def __repr__(self) -> str:
         return f"<fray.ActorMethod {self._handle.name}.{self._info.name}>"
+
+
+def _positive(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
 
 
 class ActorHandle:

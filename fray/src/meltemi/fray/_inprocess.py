@@ -56,7 +56,7 @@ class _ThreadActor:
         try:
             args, kwargs = a.args, a.kwargs
             if self.cluster.serialize:
-                args, kwargs = loads(dumps((args, kwargs)))
+                args, kwargs = _copy((args, kwargs))
             instance = a.cls(*args, **kwargs)
             self.dispatcher = Dispatcher(instance, a.name)
         except BaseException as e:
@@ -83,7 +83,7 @@ class _ThreadActor:
 
     def _run(self, method, args, kwargs, deadline, key, fut, timeout, started) -> None:
         name = self.actor.name
-        if time.monotonic() > deadline:
+        if deadline is not None and time.monotonic() > deadline:
             fut._set_error(
                 CallTimeout(name, method, timeout, "its deadline passed before it started")
             )
@@ -103,7 +103,7 @@ class _ThreadActor:
                 self.running.discard(fut)
         if ok and self.cluster.serialize:
             try:
-                value = loads(dumps(value))
+                value = _copy(value)
             except Exception as e:
                 ok, value = False, error_info(e)
         if not ok:
@@ -144,6 +144,12 @@ class _ThreadActor:
                 item[5]._set_error(ConnectionLost(self.actor.name, "actor stopped"))
 
 
+def _copy(obj):
+    """A copy made by pickling, as between processes (out-of-band buffers copied too)."""
+    parts = dumps(obj)
+    return loads([parts[0], *(bytearray(b) for b in parts[1:])])
+
+
 def _deliver(fut: Future, ok: bool, value) -> None:
     if ok:
         fut._set_value(value)
@@ -178,7 +184,7 @@ class InProcessCluster(Cluster):
         self,
         *,
         serialize: bool = True,
-        call_timeout: float = 60.0,
+        call_timeout: float | None = 60.0,
         heartbeat_interval_s: float = 1.0,
     ):
         self.serialize = serialize
@@ -202,7 +208,7 @@ class InProcessCluster(Cluster):
 
     def _submit(self, handle, inc, info, args, kwargs, deadline, key, fut) -> None:
         if self.serialize and (args or kwargs):
-            args, kwargs = loads(dumps((args, kwargs)))
+            args, kwargs = _copy((args, kwargs))
         if inc.dead:
             fut._set_error(ConnectionLost(inc.actor.name, "actor stopped"))
             return

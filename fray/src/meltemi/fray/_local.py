@@ -113,7 +113,7 @@ class LocalCluster(Cluster):
 
     Args:
         host: interface the actors listen on (loopback unless you need other machines).
-        call_timeout: default deadline of every call, in seconds.
+        call_timeout: default deadline of every call, in seconds (None: no deadline).
         heartbeat_interval_s: how often each actor is pinged.
         heartbeat_timeout_s: an actor silent this long is killed as hung.
         start_timeout_s: how long an actor may take to import and construct itself.
@@ -137,7 +137,7 @@ class LocalCluster(Cluster):
         self,
         *,
         host: str = "127.0.0.1",
-        call_timeout: float = 60.0,
+        call_timeout: float | None = 60.0,
         heartbeat_interval_s: float = 1.0,
         heartbeat_timeout_s: float = 30.0,
         start_timeout_s: float = 60.0,
@@ -353,7 +353,7 @@ class LocalCluster(Cluster):
                         return
                     conn.inc = inc
                     handle._conn = conn
-        wall = time.time() + (deadline - time.monotonic())
+        wall = 0.0 if deadline is None else time.time() + (deadline - time.monotonic())
         header, payload = encode_call(info.name, args, kwargs, wall, key, fut._timeout)
         rid = header[1]
         fut._on_expire = lambda: conn.forget(rid)

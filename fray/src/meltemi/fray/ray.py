@@ -51,9 +51,9 @@ class _Shim:
             return {"error": self._error[0], "traceback": self._error[1]}
         return self._dispatcher.stats.snapshot()
 
-    def call(self, method: str, args, kwargs, key, deadline_wall: float, timeout: float):
+    def call(self, method: str, args, kwargs, key, deadline_wall: float | None, timeout):
         d = self._dispatcher
-        if time.time() > deadline_wall:
+        if deadline_wall is not None and time.time() > deadline_wall:
             return ("expired", timeout)
         started = time.perf_counter()
         if key is None:
@@ -114,7 +114,7 @@ class RayCluster(Cluster):
 
     Args:
         address: Ray address to connect to (None: start a local Ray).
-        call_timeout: default deadline of every call, in seconds.
+        call_timeout: default deadline of every call, in seconds (None: no deadline).
         heartbeat_interval_s: how often each actor is pinged.
         heartbeat_timeout_s: an actor silent this long is killed as hung.
         start_timeout_s: how long an actor may take to be scheduled and constructed.
@@ -127,7 +127,7 @@ class RayCluster(Cluster):
         self,
         address: str | None = None,
         *,
-        call_timeout: float = 60.0,
+        call_timeout: float | None = 60.0,
         heartbeat_interval_s: float = 1.0,
         heartbeat_timeout_s: float = 60.0,
         start_timeout_s: float = 120.0,
@@ -228,7 +228,7 @@ class RayCluster(Cluster):
             fut._set_error(ConnectionLost(inc.actor.name, str(e)))
 
     def _submit(self, handle, inc: _RayIncarnation, info, args, kwargs, deadline, key, fut):
-        wall = time.time() + (deadline - time.monotonic())
+        wall = None if deadline is None else time.time() + (deadline - time.monotonic())
         ref = inc.handle.call.remote(info.name, args, kwargs, key, wall, fut._timeout)
         fut._on_expire = lambda: _cancel(ref)
         name, method = inc.actor.name, info.name
