@@ -46,3 +46,13 @@ def test_device_prefetch_yields_device_arrays_in_order():
     assert [s for s, _ in got] == [0, 1, 2, 3, 4]
     assert all(isinstance(b["x"], jax.Array) for _, b in got)
     assert got[3][1]["x"].tolist() == [3, 3, 3]
+
+
+def test_jax_twin_handles_several_padded_chunks_and_shapes():
+    perm = FeistelPermutation(1_000_003, seed=4)
+    x = np.arange(2 * 16384 + 7, dtype=np.int64) * 29
+    got = np.asarray(feistel_jax(perm)(jnp.asarray(x, jnp.uint32)))
+    assert np.array_equal(got.astype(np.int64), perm(x))
+    grid = np.arange(21, dtype=np.int64).reshape(3, 7)
+    assert np.asarray(feistel_jax(perm)(jnp.asarray(grid, jnp.uint32))).shape == (3, 7)
+    assert feistel_jax(perm)(jnp.zeros((0,), jnp.uint32)).shape == (0,)

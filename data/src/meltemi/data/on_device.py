@@ -64,42 +64,40 @@ def _network(x: jax.Array, keys: tuple[int, ...], a: int, b: int, inverse: bool)
     return left * jnp.uint32(m_right) + right
 
 
-_ROW = 256  # lanes per row when gathering the few rows that need a walk
+_CHUNK = 1 << 14  # lanes per lax.map step: cache-resident, and walked only if one needs it
 
 
 @functools.lru_cache(maxsize=64)
 def _compiled(length: int, keys: tuple[int, ...], a: int, b: int, inverse: bool) -> Callable:
     last = jnp.uint32(length - 1)  # length may be 2**32: compare with <= length - 1.
-    waste = (a * b - length) / (a * b)  # < 1 / sqrt(length)
+    exact = a * b == length
 
-    def walk(y):
-        return jnp.where(y > last, _network(y, keys, a, b, inverse), y)
+    def net(y):
+        return _network(y, keys, a, b, inverse)
 
     def walk_all(y):
-        return jax.lax.while_loop(lambda y: jnp.any(y > last), walk, y)
+        step = lambda y: jnp.where(y > last, net(y), y)
+        return jax.lax.while_loop(lambda y: jnp.any(y > last), step, y)
+
+    def chunk(c):
+        y = net(c)
+        if exact:
+            return y
+        # Fewer than 1 / sqrt(length) of the lanes leave [0, length): most chunks skip this.
+        return jax.lax.cond(jnp.any(y > last), walk_all, lambda y: y, y)
 
     def apply(indices: jax.Array) -> jax.Array:
         shape = indices.shape
-        flat = _network(indices.reshape(-1).astype(jnp.uint32), keys, a, b, inverse)
-        # Materialise once: otherwise XLA fuses (recomputes) the network into every consumer.
-        flat = jax.lax.optimization_barrier(flat)
-        if waste == 0.0:
-            return flat.reshape(shape)
+        flat = indices.reshape(-1).astype(jnp.uint32)
         size = flat.size
-        rows = -(-size // _ROW)
-        if rows * _ROW != size:
-            flat = jnp.pad(flat, (0, rows * _ROW - size))
-        grid = flat.reshape(rows, _ROW)
-        budget = min(rows, int(size * waste * 1.5) + 8)
-        if budget < rows:
-            # Walk only the rows holding a lane outside [0, length) (about size * waste of
-            # them), instead of running the whole network again on every lane.
-            (idx,) = jnp.nonzero(jnp.any(grid > last, axis=1), size=budget, fill_value=rows)
-            sub = walk_all(grid.at[idx].get(mode="fill", fill_value=0))
-            grid = grid.at[idx].set(sub, mode="drop")
-        # Rows beyond the budget (rare) are walked here; otherwise this is one reduction.
-        flat = walk_all(grid).reshape(-1)
-        return (flat if rows * _ROW == size else flat[:size]).reshape(shape)
+        if size == 0:
+            return flat.reshape(shape)
+        width = min(_CHUNK, size)
+        rows = -(-size // width)
+        if rows * width != size:  # pad with 0, a valid index, and drop it afterwards
+            flat = jnp.pad(flat, (0, rows * width - size))
+        out = jax.lax.map(chunk, flat.reshape(rows, width)).reshape(-1)
+        return (out if rows * width == size else out[:size]).reshape(shape)
 
     return jax.jit(apply)
 
