@@ -258,3 +258,20 @@ def test_store_and_datasets_work_without_importing_jax(tmp_path):
     subprocess.run(
         [sys.executable, "-c", _NO_JAX_SCRIPT, str(src), str(tmp_path / "s")], env=env, check=True
     )
+
+
+def test_corrupt_files_are_counted_not_fatal(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", ["fine"])
+    (tmp_path / "b.jsonl.gz").write_bytes(b"\x1f\x8b\x08\x00garbage that is not deflate")
+    src = JsonlFiles("j", [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl.gz")])
+    store = build_store([src], TOK, tmp_path / "s")
+    assert _decoded(store) == ["fine"]
+    assert store.skipped == {"unreadable_files": 1}
+    assert any("b.jsonl.gz: unreadable" in p for p in store.metadata["problems"])
+
+
+def test_lone_surrogate_escapes_are_replaced(tmp_path):
+    (tmp_path / "s.jsonl").write_text('{"text": "a\\ud800b"}\n')
+    store = build_store([JsonlFiles("s", [str(tmp_path / "s.jsonl")])], TOK, tmp_path / "st")
+    assert _decoded(store) == ["a\ufffd\ufffd\ufffdb"]
+    assert store.skipped == {"invalid_utf8_replaced": 1}

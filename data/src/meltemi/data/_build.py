@@ -23,7 +23,7 @@ import tensorstore as ts
 
 from meltemi.data._clean import CleanPolicy, ngram_hashes, truncate_runs
 from meltemi.data._parallel import Executor, make_executor
-from meltemi.data._sources import Source, _file_stat
+from meltemi.data._sources import Source, SourceError, _file_stat
 from meltemi.data._store import FORMAT, StoreError, TokenStore, kvstore_spec, zarr_spec
 from meltemi.data._tokenizer import Tokenizer
 
@@ -98,36 +98,48 @@ def _clean(doc, policy: CleanPolicy, counts: collections.Counter) -> tuple[str |
     return text, ""
 
 
+def _add(doc, task: _ShardTask, counts, problems, docs, locations) -> None:
+    """Cleans, tokenizes and decontaminates one document, appending it if it is kept."""
+    tok, policy = task.tokenizer, task.policy
+    text, why = _clean(doc, policy, counts)
+    if text is None:
+        if len(problems) < _MAX_PROBLEMS:
+            problems.append(f"{doc.location}: {why}")
+        return
+    ids = tok.encode(text)
+    if task.eval_hashes is not None and len(task.eval_hashes):
+        h = ngram_hashes(ids, policy.ngram)
+        if len(h) and np.isin(h, task.eval_hashes).any():
+            counts["decontaminated"] += 1
+            return
+    parts = []
+    if policy.add_bos:
+        parts.append(np.asarray([tok.bos_id], np.int32))
+    parts.append(ids)
+    if policy.add_eos:
+        parts.append(np.asarray([tok.eos_id], np.int32))
+    docs.append(np.concatenate(parts) if len(parts) > 1 else ids)
+    locations.append(doc.location)
+
+
 def _build_shard(task: _ShardTask) -> dict:
     """Reads, cleans, tokenizes and writes one shard; returns its ledger entry."""
-    tok, policy = task.tokenizer, task.policy
+    tok = task.tokenizer
     counts: collections.Counter = collections.Counter()
     problems: list[str] = []
     docs: list[np.ndarray] = []
     locations: list[str] = []
     input_bytes = 0
     for f in task.files:
-        input_bytes += _file_stat(f)[0]
-        for doc in task.source.read(f):
-            text, why = _clean(doc, policy, counts)
-            if text is None:
-                if len(problems) < _MAX_PROBLEMS:
-                    problems.append(f"{doc.location}: {why}")
-                continue
-            ids = tok.encode(text)
-            if task.eval_hashes is not None and len(task.eval_hashes):
-                h = ngram_hashes(ids, policy.ngram)
-                if len(h) and np.isin(h, task.eval_hashes).any():
-                    counts["decontaminated"] += 1
-                    continue
-            parts = []
-            if policy.add_bos:
-                parts.append(np.asarray([tok.bos_id], np.int32))
-            parts.append(ids)
-            if policy.add_eos:
-                parts.append(np.asarray([tok.eos_id], np.int32))
-            docs.append(np.concatenate(parts) if len(parts) > 1 else ids)
-            locations.append(doc.location)
+        try:
+            input_bytes += _file_stat(f)[0]
+            for doc in task.source.read(f):
+                _add(doc, task, counts, problems, docs, locations)
+        except SourceError:
+            raise  # misconfiguration (a missing column, a missing package): fix and rerun
+        except Exception as e:  # a corrupt or unreadable file: keep what was read, count it
+            counts["unreadable_files"] += 1
+            problems.append(f"{f}: unreadable ({type(e).__name__}: {e})")
     lengths = np.asarray([len(d) for d in docs], np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     tokens = np.concatenate(docs) if docs else np.zeros(0, np.int32)

@@ -233,7 +233,10 @@ class JsonlFiles(Source):
                 try:
                     value.encode("utf-8")
                 except UnicodeEncodeError:
-                    value = value.encode("utf-8", errors="surrogateescape")
+                    try:  # raw invalid bytes, smuggled through as U+DC80..U+DCFF
+                        value = value.encode("utf-8", errors="surrogateescape")
+                    except UnicodeEncodeError:  # lone surrogates from JSON escapes (\ud800)
+                        value = value.encode("utf-8", errors="surrogatepass")
                 yield RawDocument(loc, value)
 
 
