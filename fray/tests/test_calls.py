@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import numpy as np
@@ -10,6 +11,15 @@ import pytest
 from fray_test_actors import Counter
 
 from meltemi import fray
+
+
+def _refuse(message):
+    raise ValueError(message)
+
+
+class _FailsToUnpickle:
+    def __reduce__(self):
+        return (_refuse, ("unpickle me? no",))
 
 
 def test_calls_through_one_handle_run_in_order(make_cluster):
@@ -99,6 +109,22 @@ def test_remote_exception_carries_type_message_and_traceback(make_cluster):
 
 
 @pytest.mark.backends("inprocess", "local")  # backend-agnostic: spare Ray
+@pytest.mark.backends("inprocess", "local")  # backend-agnostic: spare Ray
+def test_unpicklable_constructor_argument_fails_the_spawn_and_frees_the_name(make_cluster):
+    cluster = make_cluster()
+    with pytest.raises(TypeError, match="pickle"):
+        cluster.spawn(Counter, threading.Lock(), name="locked")
+    assert cluster.spawn(Counter, 3, name="locked").value() == 3
+
+
+@pytest.mark.backends("local")
+def test_argument_that_cannot_be_unpickled_in_the_actor_is_a_remote_error(make_cluster):
+    counter = make_cluster().spawn(Counter)
+    with pytest.raises(fray.RemoteError, match="unpickle me"):
+        counter.echo(_FailsToUnpickle())
+    assert counter.add(1) == 1
+
+
 def test_unknown_method_names_the_closest_one(make_cluster):
     counter = make_cluster().spawn(Counter)
     with pytest.raises(AttributeError, match="no public method 'ehco'; did you mean 'echo'"):

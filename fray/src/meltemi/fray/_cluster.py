@@ -452,17 +452,17 @@ class Cluster(abc.ABC):
                 self._actors[m.name] = m
             if group is not None:
                 self._groups[group] = members
-        results = self._launch(members)
+        try:
+            results = self._launch(members)
+        except BaseException:
+            self._forget(members, group)
+            raise
         failed = [(m, r) for m, r in zip(members, results) if isinstance(r, DeathInfo)]
         if failed:
             for r in results:
                 if not isinstance(r, DeathInfo):
                     self._stop(r, graceful=False)
-            with self._cond:
-                for m in members:
-                    self._actors.pop(m.name, None)
-                if group is not None:
-                    self._groups.pop(group, None)
+            self._forget(members, group)
             m, info = failed[0]
             raise ActorDied(
                 m.name,
@@ -475,6 +475,13 @@ class Cluster(abc.ABC):
             for m, inc in zip(members, results):
                 m.inc, m.state = inc, ALIVE
             self._cond.notify_all()
+
+    def _forget(self, members: list[_Actor], group: str | None) -> None:
+        with self._cond:
+            for m in members:
+                self._actors.pop(m.name, None)
+            if group is not None:
+                self._groups.pop(group, None)
 
     # -- supervision -----------------------------------------------------------------------
     def _supervise(self) -> None:
@@ -572,7 +579,12 @@ class Cluster(abc.ABC):
             for m in members:
                 m.epoch += 1
                 m.state = STARTING
-        results = self._launch(members)
+        try:
+            results = self._launch(members)
+        except Exception as e:  # never let a backend error end the supervisor
+            results = [DeathInfo(f"it could not be restarted: {type(e).__name__}: {e}")] * len(
+                members
+            )
         failed = None
         with self._cond:
             for m, r in zip(members, results):

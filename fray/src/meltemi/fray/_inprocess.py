@@ -21,6 +21,9 @@ class _ThreadActor:
     """One incarnation: an instance and its executor threads."""
 
     def __init__(self, cluster: InProcessCluster, actor: _Actor):
+        self.init_args = (actor.args, actor.kwargs)
+        if cluster.serialize:  # in the caller: an argument that cannot travel fails the spawn
+            self.init_args = _copy(self.init_args)
         self.cluster = cluster
         self.actor = actor
         self.epoch = actor.epoch
@@ -54,9 +57,7 @@ class _ThreadActor:
     def _construct(self) -> None:
         a = self.actor
         try:
-            args, kwargs = a.args, a.kwargs
-            if self.cluster.serialize:
-                args, kwargs = _copy((args, kwargs))
+            args, kwargs = self.init_args
             instance = a.cls(*args, **kwargs)
             self.dispatcher = Dispatcher(instance, a.name)
         except BaseException as e:

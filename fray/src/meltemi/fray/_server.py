@@ -214,12 +214,16 @@ class Server:
             respond = lambda reply: conn.send([msgpack.packb((reply[0], rid)), *reply[1]])
             if not d.dedup_begin(key, respond):
                 return
-        args, kwargs = loads(parts[1:]) if len(parts) > 1 else ((), {})
         try:
-            ok, value = d.invoke(method, args, kwargs)
-        except SystemExit as e:
-            self._on_exit(e.code)
-            return
+            args, kwargs = loads(parts[1:]) if len(parts) > 1 else ((), {})
+        except Exception as e:  # e.g. an argument's class does not import here
+            ok, value = False, error_info(e)
+        else:
+            try:
+                ok, value = d.invoke(method, args, kwargs)
+            except SystemExit as e:
+                self._on_exit(e.code)
+                return
         if ok:
             try:
                 payload = dumps(value)
