@@ -109,7 +109,6 @@ def test_remote_exception_carries_type_message_and_traceback(make_cluster):
 
 
 @pytest.mark.backends("inprocess", "local")  # backend-agnostic: spare Ray
-@pytest.mark.backends("inprocess", "local")  # backend-agnostic: spare Ray
 def test_unpicklable_constructor_argument_fails_the_spawn_and_frees_the_name(make_cluster):
     cluster = make_cluster()
     with pytest.raises(TypeError, match="pickle"):
@@ -125,6 +124,7 @@ def test_argument_that_cannot_be_unpickled_in_the_actor_is_a_remote_error(make_c
     assert counter.add(1) == 1
 
 
+@pytest.mark.backends("inprocess", "local")  # backend-agnostic: spare Ray
 def test_unknown_method_names_the_closest_one(make_cluster):
     counter = make_cluster().spawn(Counter)
     with pytest.raises(AttributeError, match="no public method 'ehco'; did you mean 'echo'"):
