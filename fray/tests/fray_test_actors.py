@@ -98,6 +98,12 @@ class Counter:
         os.kill(os.getpid(), signum)
         time.sleep(10)
 
+    def fork_then_exit(self, code: int) -> None:
+        if os.fork() == 0:  # the child keeps every inherited descriptor open for a while
+            time.sleep(3)
+            os._exit(0)
+        sys.exit(code)
+
     def hang(self) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
 

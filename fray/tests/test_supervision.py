@@ -176,6 +176,21 @@ def test_hung_actor_is_killed_after_missed_heartbeats(make_cluster):
         counter.hang()
 
 
+@pytest.mark.backends("local")
+def test_long_method_is_not_mistaken_for_a_hang(make_cluster):
+    cluster = make_cluster(heartbeat_interval_s=0.05, heartbeat_timeout_s=0.3)
+    counter = cluster.spawn(Counter)
+    assert counter.sleep(1.0) == 1.0
+
+
+@pytest.mark.backends("local")
+def test_death_is_found_even_when_a_forked_child_holds_the_life_line(make_cluster):
+    cluster = make_cluster(heartbeat_interval_s=0.05)
+    counter = cluster.spawn(Counter)
+    with pytest.raises(fray.ActorDied, match="exit code 4"):
+        counter.fork_then_exit(4)
+
+
 def test_constructor_failure_fails_the_spawn(make_cluster):
     cluster = make_cluster()
     with pytest.raises(fray.ActorDied, match="constructor raised ValueError: bad config 17"):

@@ -320,6 +320,14 @@ class Cluster(abc.ABC):
     def _ping(self, inc: Any) -> Future | None:
         return None
 
+    def _abandon(self, inc: Any) -> None:
+        """Fails the calls still waiting on an incarnation whose death is recorded."""
+        return None
+
+    def _poll(self, inc: Any) -> DeathInfo | Callable[[], DeathInfo] | None:
+        """How the incarnation ended, if the backend can tell it has (checked per heartbeat)."""
+        return None
+
     def _address(self, actor: _Actor) -> tuple[str, int] | None:
         return None
 
@@ -515,7 +523,7 @@ class Cluster(abc.ABC):
         return list({id(a.gang): a.gang for a in self._actors.values()}.values())
 
     def _on_death(self, actor: _Actor, epoch: int, info: DeathInfo) -> None:
-        to_stop = []
+        to_stop, abandoned = [], []
         with self._cond:
             if epoch != actor.epoch or actor.state not in (ALIVE, STARTING) or self._closed:
                 return
@@ -559,14 +567,16 @@ class Cluster(abc.ABC):
                         "restart budget is spent",
                         epoch=m.epoch,
                     )
-                if m is not actor and m.inc is not None:
-                    to_stop.append(m.inc)
+                if m.inc is not None:
+                    (to_stop if m is not actor else abandoned).append(m.inc)
                 m.inc = None
                 m.state = RESTARTING if will_restart else DEAD
                 if not will_restart:
                     m.final = m.outcomes[m.epoch]
             gang.restart_at = time.monotonic() + delay if will_restart else None
             self._cond.notify_all()
+        for inc in abandoned:
+            self._abandon(inc)
         for inc in to_stop:
             self._stop(inc, graceful=False)
 
@@ -607,6 +617,10 @@ class Cluster(abc.ABC):
         for a in alive:
             inc, ping = a.inc, a.ping
             if inc is None:
+                continue
+            death = self._poll(inc)
+            if death is not None:
+                self._report_death(a, a.epoch, death)
                 continue
             if ping is not None and not ping[0].done():
                 if now - ping[1] > self._hb_timeout and a.hung is None:

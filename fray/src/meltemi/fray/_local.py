@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 
 import cloudpickle
 import msgpack
@@ -63,7 +64,13 @@ class _Process:
         self.address: tuple[str, int] = address
         self.log_path: str = log_path
         self.ctrl: ClientConnection = ctrl
+        self.conns: weakref.WeakSet[ClientConnection] = weakref.WeakSet()
         self.stopping = False
+
+    def close_connections(self, why: str) -> None:
+        self.ctrl.close(why)
+        for conn in list(self.conns):
+            conn.close(why)
 
 
 def _log_tail(path: str) -> tuple[str, ...]:
@@ -304,7 +311,7 @@ class LocalCluster(Cluster):
     def _stop_all(self, incs: list[_Process], graceful: bool = True) -> None:
         for inc in incs:
             inc.stopping = True
-            inc.ctrl.close("the actor was stopped")
+            inc.close_connections("the actor was stopped")
             if graceful:
                 try:
                     inc.life.shutdown(socket.SHUT_WR)  # the actor exits on EOF
@@ -319,6 +326,16 @@ class LocalCluster(Cluster):
             except subprocess.TimeoutExpired:
                 _kill(inc.proc)
             _kill(inc.proc)  # reap and sweep up its process group
+
+    def _abandon(self, inc: _Process) -> None:
+        inc.close_connections("the actor died")
+
+    def _poll(self, inc: _Process):
+        # Normally the life line reports a death at once; this catches a child that forked
+        # (its children keep the life line open) or a lost EOF.
+        if inc.stopping or inc.proc.poll() is None:
+            return None
+        return lambda: _death_info(inc.proc.returncode, inc.log_path)
 
     def _ping(self, inc: _Process) -> Future:
         fut = Future(inc.actor.name, "ping", deadline=None)
@@ -352,6 +369,7 @@ class LocalCluster(Cluster):
                         fut._set_error(ConnectionLost(inc.actor.name, f"cannot connect: {e}"))
                         return
                     conn.inc = inc
+                    inc.conns.add(conn)
                     handle._conn = conn
         wall = 0.0 if deadline is None else time.time() + (deadline - time.monotonic())
         header, payload = encode_call(info.name, args, kwargs, wall, key, fut._timeout)
