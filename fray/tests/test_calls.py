@@ -148,7 +148,7 @@ def test_max_concurrency_bounds_calls_running_at_once(make_cluster):
     serial = cluster.spawn(Counter)
     pair = cluster.spawn(Counter, max_concurrency=2)
     for actor, limit in ((serial, 1), (pair, 2)):
-        fray.wait_all([actor.busy.remote(0.15) for _ in range(5)])
+        fray.wait_all([actor.busy.remote(0.25) for _ in range(5)])
         assert actor.get_peak() == limit
 
 

@@ -8,7 +8,6 @@ the I/O thread.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -201,6 +200,8 @@ class Future:
         return self._as_asyncio().__await__()
 
     async def _as_asyncio(self) -> Any:
+        import asyncio  # ~20 ms to import: only asyncio callers pay for it
+
         loop = asyncio.get_running_loop()
         waiter = loop.create_future()
 

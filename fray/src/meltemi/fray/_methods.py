@@ -7,7 +7,6 @@ statistics and the request-id deduplication that makes retries of idempotent met
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import dataclasses
 import inspect
@@ -147,7 +146,7 @@ class Dispatcher:
         self.name = name
         self.methods = method_table(type(instance))
         self.stats = _Stats()
-        self._aio: asyncio.AbstractEventLoop | None = None
+        self._aio = None  # an asyncio loop thread, started by the first async method
         self._lock = threading.Lock()
         self._done: collections.OrderedDict = collections.OrderedDict()
         self._running: dict[Any, list] = {}
@@ -172,6 +171,8 @@ class Dispatcher:
             return False, error_info(e)
 
     def _run_coroutine(self, coro) -> Any:
+        import asyncio  # ~20 ms to import: only actors with async methods pay for it
+
         with self._lock:
             if self._aio is None:
                 self._aio = asyncio.new_event_loop()
