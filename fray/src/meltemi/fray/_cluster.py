@@ -17,8 +17,10 @@ import dataclasses
 import difflib
 import itertools
 import os
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -454,9 +456,10 @@ class Cluster(abc.ABC):
 
     def _start_new(self, members: list[_Actor], group: str | None = None) -> None:
         with self._cond:
+            taken = [n for n in [m.name for m in members] + [group] if n in self._actors]
+            if taken or group in self._groups:
+                raise ValueError(f"an actor or group named {(taken or [group])[0]!r} exists")
             for m in members:
-                if m.name in self._actors:
-                    raise ValueError(f"an actor named {m.name!r} already exists")
                 self._actors[m.name] = m
             if group is not None:
                 self._groups[group] = members
@@ -507,20 +510,25 @@ class Cluster(abc.ABC):
                     return
                 events = list(self._events)
                 self._events.clear()
-            for actor, epoch, info in events:
-                if callable(info):
-                    info = info()
-                self._on_death(actor, epoch, info)
-            now = time.monotonic()
-            for gang in self._gangs():
-                if gang.restart_at is not None and gang.restart_at <= now:
-                    self._restart(gang)
-            if time.monotonic() >= next_beat:
-                self._heartbeat()
-                next_beat = time.monotonic() + self._hb_interval
+            try:
+                for actor, epoch, info in events:
+                    if callable(info):
+                        info = info()
+                    self._on_death(actor, epoch, info)
+                now = time.monotonic()
+                for gang in self._gangs():
+                    if gang.restart_at is not None and gang.restart_at <= now:
+                        self._restart(gang)
+                if time.monotonic() >= next_beat:
+                    self._heartbeat()
+                    next_beat = time.monotonic() + self._hb_interval
+            except Exception:  # keep supervising the other actors
+                traceback.print_exc()
+                print("fray: supervisor step failed (above); continuing", file=sys.stderr)
 
     def _gangs(self) -> list[_Gang]:
-        return list({id(a.gang): a.gang for a in self._actors.values()}.values())
+        with self._cond:
+            return list({id(a.gang): a.gang for a in self._actors.values()}.values())
 
     def _on_death(self, actor: _Actor, epoch: int, info: DeathInfo) -> None:
         to_stop, abandoned = [], []
@@ -595,7 +603,7 @@ class Cluster(abc.ABC):
             results = [DeathInfo(f"it could not be restarted: {type(e).__name__}: {e}")] * len(
                 members
             )
-        failed = None
+        failed, orphans = None, []
         with self._cond:
             for m, r in zip(members, results):
                 if isinstance(r, DeathInfo):
@@ -604,8 +612,10 @@ class Cluster(abc.ABC):
                     m.inc, m.state = r, ALIVE
                     m.ping, m.stats = None, {}
                 else:  # stopped (kill/shutdown) while starting
-                    self._stop(r, graceful=False)
+                    orphans.append(r)
             self._cond.notify_all()
+        for inc in orphans:
+            self._stop(inc, graceful=False)
         if failed is not None:
             m, info = failed
             self._on_death(m, m.epoch, info)
