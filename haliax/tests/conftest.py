@@ -8,6 +8,6 @@ import sys
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-_bench = pathlib.Path(__file__).resolve().parent.parent / "bench"
+_bench = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
 if _bench.is_dir() and str(_bench) not in sys.path:
     sys.path.append(str(_bench))

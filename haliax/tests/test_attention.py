@@ -124,3 +124,22 @@ def test_llama3_scaling_matches_transformers():
     np.testing.assert_allclose(ours, ref.numpy(), rtol=1e-5)
     plain = rotary.rotary_inv_frequencies(32, 500000.0)
     assert not np.allclose(ours, plain)  # the scaling does change the low frequencies
+
+
+def test_qk_norm_hook_makes_attention_invariant_to_query_key_scale():
+    Embed = hax.Axis("embed", 12)
+    attn = A.Attention.init(
+        Embed, num_heads=6, num_kv_heads=2, head_size=4, key=jax.random.key(0), use_qk_norm=True
+    )
+    scaled = eqx.tree_at(
+        lambda a: (a.q_proj.weight, a.k_proj.weight),
+        attn,
+        (attn.q_proj.weight * 7.0, attn.k_proj.weight * 5.0),
+    )
+    x = hax.random.normal(jax.random.key(1), (Pos, Embed))
+    run = eqx.filter_jit(lambda m, x: m(x, A.AttentionMask.causal()))
+    np.testing.assert_allclose(run(scaled, x).array, run(attn, x).array, rtol=1e-4, atol=1e-5)
+    no_norm = eqx.tree_at(
+        lambda a: (a.q_norm, a.k_norm), scaled, (None, None), is_leaf=lambda v: v is None
+    )
+    assert not np.allclose(run(no_norm, x).array, run(attn, x).array, atol=1e-3)

@@ -83,35 +83,26 @@ class ScanCheckpointPolicy:
         if self.kind == "none":
             return body
         if self.kind == "offload":
-            names = list(self.save_names)
-            policy = jax.checkpoint_policies.save_and_offload_only_these_names(
-                names_which_can_be_saved=names,
-                names_which_can_be_offloaded=[CARRY_NAME],
-                offload_src="device",
-                offload_dst="pinned_host",
-            )
-            inner = jax.checkpoint(body, policy=self._block_policy(), prevent_cse=self.prevent_cse)
-
-            def tagged(carry, x):
-                carry, y = inner(carry, x)
-                return jax.tree.map(lambda c: checkpoint_name(c, CARRY_NAME), carry), y
-
-            del policy  # applied around the whole scan, see wrap_scan
-            return tagged
-        return jax.checkpoint(body, policy=self._block_policy(), prevent_cse=self.prevent_cse)
-
-    def wrap_scan(self, run: Callable) -> Callable:
-        """Checkpoints the whole loop, for the kinds that recompute or move the carries."""
-        if self.kind == "full":
-            return jax.checkpoint(run, prevent_cse=self.prevent_cse)
-        if self.kind == "offload":
+            # The step's input carry is tagged and offloaded, so it (on the host), not the
+            # device copy, is what the backward pass keeps for each step.
             policy = jax.checkpoint_policies.save_and_offload_only_these_names(
                 names_which_can_be_saved=list(self.save_names),
                 names_which_can_be_offloaded=[CARRY_NAME],
                 offload_src="device",
                 offload_dst="pinned_host",
             )
-            return jax.checkpoint(run, policy=policy, prevent_cse=self.prevent_cse)
+
+            def tagged(carry, x):
+                carry = jax.tree.map(lambda c: checkpoint_name(c, CARRY_NAME), carry)
+                return body(carry, x)
+
+            return jax.checkpoint(tagged, policy=policy, prevent_cse=self.prevent_cse)
+        return jax.checkpoint(body, policy=self._block_policy(), prevent_cse=self.prevent_cse)
+
+    def wrap_scan(self, run: Callable) -> Callable:
+        """Checkpoints the whole loop, for the kinds that recompute or move the carries."""
+        if self.kind == "full":
+            return jax.checkpoint(run, prevent_cse=self.prevent_cse)
         return run
 
 
