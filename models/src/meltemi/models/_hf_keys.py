@@ -32,6 +32,7 @@ from meltemi.models._axes import (
     VOCAB,
 )
 from meltemi.models._config import ModelConfig
+from meltemi.models._transformer import Transformer
 
 Q = (KV_HEADS, Q_HEADS_PER_GROUP, HEAD_SIZE)
 KV = (KV_HEADS, HEAD_SIZE)
@@ -233,7 +234,10 @@ def as_stacked(model: Any) -> Any:
 
 # -- model -> HF ------------------------------------------------------------------------------
 def _flatten(named: hax.NamedArray, lead: tuple[str, ...], out, inn) -> np.ndarray:
-    arr = np.asarray(jax.device_get(named.rearrange(lead + tuple(out) + tuple(inn)).array))
+    names = [a.name for a in named.axes]
+    order = lead + tuple(out) + tuple(inn)
+    # numpy, not jax: a device transpose would compile once per distinct shape.
+    arr = np.transpose(np.asarray(jax.device_get(named.array)), [names.index(n) for n in order])
     sizes = named.shape
     shape = tuple(sizes[n] for n in lead) + (math.prod(sizes[n] for n in out),)
     if inn:
@@ -283,6 +287,21 @@ def expected_keys(config: ModelConfig) -> list[str]:
     return [key for spec in specs_for(config) for key, _ in _expand(spec, config)]
 
 
+def state_dict_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Shape of every HF tensor of the model `config` describes (nothing is allocated)."""
+    model = as_stacked(eqx.filter_eval_shape(Transformer.init, config, key=jax.random.key(0)))
+    shapes: dict[str, tuple[int, ...]] = {}
+    for spec in specs_for(config):
+        t = [_array(model, spec, g).shape for g, _ in spec.pieces()]
+        rows = sum(math.prod(sizes[n] for n in out) for sizes, (_, out) in zip(t, spec.pieces()))
+        shape = (rows, math.prod(t[0][n] for n in spec.inn)) if spec.inn else (rows,)
+        if spec.conv1d:
+            shape = shape[::-1]
+        for key, _ in _expand(spec, config):
+            shapes[key] = shape
+    return shapes
+
+
 # -- HF -> model ------------------------------------------------------------------------------
 class ShapeError(ValueError):
     """A checkpoint tensor's shape does not match the config."""
@@ -297,7 +316,7 @@ def _unflatten(
     sizes = template.shape
     arr = arr.reshape(tuple(sizes[n] for n in names))
     data = np.transpose(arr, [names.index(a.name) for a in template.axes])
-    return hax.NamedArray(jnp.asarray(data, dtype=dtype or template.dtype), template.axes)
+    return hax.NamedArray(jnp.asarray(data, dtype=dtype or data.dtype), template.axes)
 
 
 def _gather(spec: Spec, keys, tensors: Mapping[str, np.ndarray], config: ModelConfig) -> np.ndarray:

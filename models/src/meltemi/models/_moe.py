@@ -75,7 +75,7 @@ class MoeMlp(eqx.Module):
             dropped = jnp.zeros((), jnp.float32)
         else:
             y, kept = self._capacity(x, weights, experts)
-            dropped = 1.0 - jnp.mean(kept.astype(jnp.float32))
+            dropped = jnp.mean(jnp.logical_not(kept).astype(jnp.float32))
         mask = None if token_mask is None else token_mask.rearrange((BATCH, POSITION)).array
         load_balancing, router_z = K.aux_losses(
             logits.array.reshape(-1, logits.array.shape[-1]),

@@ -6,11 +6,12 @@ A checkpoint directory holds `config.json`, `model.safetensors` or sharded
 `ModelConfig`, including fields Hugging Face has no place for, such as the MoE dispatch path),
 which `load` prefers when it agrees with `config.json`.
 
->>> import jax, tempfile
+>>> import jax, numpy as np, tempfile
 >>> import meltemi.models as mm
 >>> from meltemi.models import hf
 >>> cfg = mm.get_preset("tiny-gemma")
->>> model = mm.init(cfg, key=jax.random.key(0))
+>>> shapes = jax.eval_shape(lambda k: mm.init(cfg, key=k), jax.random.key(0))
+>>> model = jax.tree.map(lambda s: np.ones(s.shape, s.dtype), shapes)  # or mm.init(cfg, key=...)
 >>> d = tempfile.mkdtemp()
 >>> files = hf.save(model, cfg, d)
 >>> loaded, loaded_cfg = hf.load(d)
@@ -37,7 +38,7 @@ from meltemi.models import _hf_keys
 from meltemi.models._config import ConfigError, ModelConfig
 from meltemi.models._hf_config import HfConfigError, from_hf_config, to_hf_config
 from meltemi.models._safetensors import DEFAULT_SHARD_BYTES, read_sharded, write_sharded
-from meltemi.models._transformer import Transformer
+from meltemi.models._transformer import Transformer, _jit_init
 
 __all__ = [
     "CheckpointError",
@@ -148,7 +149,7 @@ def _normalize_keys(tensors: Mapping[str, Any], config: ModelConfig) -> Mapping[
 def _template(config: ModelConfig, key: jax.Array | None) -> Transformer:
     if key is None:
         return eqx.filter_eval_shape(Transformer.init, config, key=jax.random.key(0))
-    return Transformer.init(config, key=key)
+    return _jit_init(config, key=key)
 
 
 def _load_into(
@@ -158,11 +159,21 @@ def _load_into(
     dtype: Any,
     init_missing_norms: bool,
     key: jax.Array | None,
+    strict: bool,
 ) -> tuple[Transformer, LoadReport]:
     tensors = _normalize_keys(read_sharded(directory), config)
     expected = set(_hf_keys.expected_keys(config))
     ignored = sorted(k for k in tensors if k not in expected and _hf_keys.is_ignorable(k, config))
     unexpected = sorted(k for k in tensors if k not in expected and k not in ignored)
+    if strict:
+        missing = [k for k in _hf_keys.expected_keys(config) if k not in tensors]
+        if missing or unexpected:
+            report = LoadReport((), {}, tuple(missing), tuple(unexpected), tuple(ignored))
+            raise CheckpointError(
+                f"{directory} does not match a {config.family} model of this config:\n{report}\n"
+                "To load weights across architectures (e.g. Llama -> Qwen3), use "
+                "meltemi.models.hf.warm_start(directory, config)"
+            )
     needs_init = [
         k
         for spec in _hf_keys.specs_for(config)
@@ -204,13 +215,9 @@ def load(
     """
     directory = pathlib.Path(directory)
     config = config or load_config(directory)
-    model, report = _load_into(config, directory, dtype=dtype, init_missing_norms=False, key=None)
-    if report.missing or report.unexpected:
-        raise CheckpointError(
-            f"{directory} does not match a {config.family} model of this config:\n{report}\n"
-            "To load weights across architectures (e.g. Llama -> Qwen3), use "
-            "meltemi.models.hf.warm_start(directory, config)"
-        )
+    model, _ = _load_into(
+        config, directory, dtype=dtype, init_missing_norms=False, key=None, strict=True
+    )
     return model, config
 
 
@@ -235,7 +242,9 @@ def warm_start(
         `(model, report)`.
     """
     directory = pathlib.Path(directory)
-    model, report = _load_into(config, directory, dtype=dtype, init_missing_norms=True, key=key)
+    model, report = _load_into(
+        config, directory, dtype=dtype, init_missing_norms=True, key=key, strict=False
+    )
     if report.missing and not allow_missing:
         raise CheckpointError(
             f"warm start from {directory}: the checkpoint lacks tensors with no identity "
