@@ -386,35 +386,45 @@ class Checkpointer:
         )
         return unflatten_state(template, result.state)
 
-    def restore_arrays(self, root: str | os.PathLike, wanted: Mapping[str, Any]) -> dict:
-        """Restores the arrays of checkpoint `root` named in `wanted` (name -> template).
 
-        Names absent from the checkpoint are left out of the result: callers (warm start)
-        initialise and report them.
-        """
-        root = pathlib.Path(root)
-        problem = verify_checkpoint(root)
-        if problem is not None:
-            raise CheckpointError(f"cannot warm start from {root}: {problem}")
-        saved = read_manifest(root)["arrays"]
-        abstract = {k: _abstract(v) for k, v in wanted.items() if k in saved}
-        for key, value in abstract.items():
-            if list(value.shape) != saved[key]["shape"]:
-                raise CheckpointError(
-                    f"cannot warm start {key} from {root}: shape {saved[key]['shape']} there, "
-                    f"{list(value.shape)} here."
-                )
-        handler = ocp.PyTreeCheckpointHandler()
-        with ocp.Checkpointer(handler) as reader:
-            restore_args = jax.tree.map(
-                lambda v: ocp.ArrayRestoreArgs(sharding=v.sharding, dtype=v.dtype), abstract
+def array_names(root: str | os.PathLike) -> list[str]:
+    """The flattened names of the arrays a complete checkpoint holds."""
+    manifest = read_manifest(root)
+    if manifest is None:
+        raise CheckpointError(f"{root} is not a complete checkpoint (no {MANIFEST}).")
+    return sorted(manifest["arrays"])
+
+
+def restore_arrays(root: str | os.PathLike, wanted: Mapping[str, Any]) -> dict:
+    """Restores the arrays of checkpoint `root` named in `wanted` (name -> template).
+
+    Names absent from the checkpoint are left out of the result: callers (warm start)
+    initialise and report them. Each array lands on its template's sharding.
+    """
+    root = pathlib.Path(root)
+    problem = verify_checkpoint(root)
+    if problem is not None:
+        raise CheckpointError(f"cannot warm start from {root}: {problem}")
+    saved = read_manifest(root)["arrays"]
+    abstract = {k: _abstract(v) for k, v in wanted.items() if k in saved}
+    for key, value in abstract.items():
+        if list(value.shape) != saved[key]["shape"]:
+            raise CheckpointError(
+                f"cannot warm start {key} from {root}: shape {saved[key]['shape']} there, "
+                f"{list(value.shape)} here."
             )
-            return reader.restore(
-                root / "state",
-                args=ocp.args.PyTreeRestore(
-                    item=abstract, restore_args=restore_args, partial_restore=True
-                ),
-            )
+    if not abstract:
+        return {}
+    with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as reader:
+        restore_args = jax.tree.map(
+            lambda v: ocp.ArrayRestoreArgs(sharding=v.sharding, dtype=v.dtype), abstract
+        )
+        return reader.restore(
+            root / "state",
+            args=ocp.args.PyTreeRestore(
+                item=abstract, restore_args=restore_args, partial_restore=True
+            ),
+        )
 
 
 def _abstract(value: Any) -> jax.ShapeDtypeStruct:

@@ -119,8 +119,6 @@ def base_config() -> ml_collections.ConfigDict:
     # Empty: ~/.cache/meltemi/data (or $MELTEMI_CACHE/data).
     c.data.cache_dir = ""
     c.data.shuffle_seed = 0
-    # Caps the corpus for quick runs (0: all of it).
-    c.data.max_documents = 0
 
     c.logging = ml_collections.ConfigDict()
     c.logging.tensorboard = False

@@ -28,16 +28,16 @@ class ProgressBar:
                 unit="step",
                 file=sys.stderr,
                 dynamic_ncols=True,
-                bar_format="{desc} {n_fmt}/{total_fmt} |{bar}| {postfix} [{elapsed}<{remaining}]",
+                bar_format="{desc} {n_fmt}/{total_fmt} |{bar}| [{elapsed}<{remaining}{postfix}]",
             )
 
     def update(self, step: int, *, loss: float, tokens_per_s: float, mfu: float | None) -> None:
         """Moves the bar to `step` and shows the latest figures."""
         if self._bar is None:
             return
-        postfix = f"loss={loss:.3f} tok/s={tokens_per_s:,.0f}"
+        postfix = f"loss={loss:.3f}, tok/s={tokens_per_s:,.0f}"
         if mfu is not None:
-            postfix += f" MFU={100 * mfu:.1f}%"
+            postfix += f", MFU={100 * mfu:.1f}%"
         self._bar.set_postfix_str(postfix, refresh=False)
         self._bar.update(step - self._bar.n)
 

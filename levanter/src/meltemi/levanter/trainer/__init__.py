@@ -7,6 +7,8 @@ Example:
     0
 """
 
+from meltemi.levanter.trainer._build import BuildError, build_parts, model_config
+from meltemi.levanter.trainer._dry_run import DryRunReport, dry_run
 from meltemi.levanter.trainer._loop import (
     PREEMPTED_EXIT_CODE,
     RunResult,
@@ -17,6 +19,7 @@ from meltemi.levanter.trainer._loop import (
     resolve_run_dir,
     train,
 )
+from meltemi.levanter.trainer._multislice import SliceWorker, launch_multislice
 from meltemi.levanter.trainer._parts import BatchSource, EvalSet, RunParts
 from meltemi.levanter.trainer._schedule import BatchScheduleError, BatchSizes
 from meltemi.levanter.trainer._sharding import (
@@ -42,20 +45,27 @@ __all__ = [
     "BatchScheduleError",
     "BatchSizes",
     "BatchSource",
+    "BuildError",
+    "DryRunReport",
     "EvalSet",
     "RunParts",
     "RunResult",
+    "SliceWorker",
     "TrainState",
     "Trainer",
     "TrainerError",
     "batch_sharding",
+    "build_parts",
+    "dry_run",
     "cast_floating",
     "compute_context",
     "global_batch",
     "init_state",
+    "launch_multislice",
     "loss_and_grads",
     "make_train_step",
     "measure_peak_flops",
+    "model_config",
     "resolve_run_dir",
     "split_microbatches",
     "token_weight",

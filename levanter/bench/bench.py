@@ -1,0 +1,129 @@
+"""`bazel run //levanter:bench`: the trainer against a hand-written pure-JAX loop, one run.
+
+Both train the same model (`meltemi.models` Llama, the default config's shape at a shorter
+sequence) with the same optimizer chain on the same batches; rounds alternate so both see the
+same machine load, and each side's best round counts. Prints one JSON object:
+
+    trainer_tokens_per_s, pure_jax_tokens_per_s, trainer_vs_pure_jax_ratio,
+    mfu, peak_flops_per_s, compile_s, checkpoint_blocking_s, checkpoint_save_s
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import tempfile
+import time
+
+import equinox as eqx
+import jax
+import numpy as np
+import optax
+
+from meltemi.levanter.checkpoint import Checkpointer
+from meltemi.levanter.config import load_config
+from meltemi.levanter.mesh import make_mesh
+from meltemi.levanter.trainer import Trainer, build_parts, measure_peak_flops
+
+DEFAULT = pathlib.Path(__file__).resolve().parent.parent / "configs" / "default.py"
+
+
+def _config(run_dir: pathlib.Path, steps: int, args) -> object:
+    return load_config(
+        str(DEFAULT),
+        [
+            ("run_dir", str(run_dir)),
+            ("data.cache_dir", str(run_dir.parent / "cache")),
+            ("trainer.num_train_steps", str(steps)),
+            ("trainer.progress_bar", "false"),
+            ("trainer.train_batch_size", str(args.batch)),
+            ("data.seq_len", str(args.seq)),
+            ("eval.num_batches", "0"),
+            ("eval.every_steps", "0"),
+            ("checkpoint.enabled", "false"),
+        ],
+    )
+
+
+def pure_jax_round(parts, batches, steps: int) -> float:
+    """Tokens/s of a plain jitted loop: init, value_and_grad, optax update, donated state."""
+    model = parts.init_model(jax.random.key(0))
+    params, static = eqx.partition(model, eqx.is_array)
+    tx = parts.optimizer
+    opt_state = tx.init(params)
+
+    def step(params, opt_state, batch):
+        def loss(p):
+            return parts.loss_fn(eqx.combine(p, static), batch)
+
+        value, grads = jax.value_and_grad(loss)(params)
+        updates, opt_state = tx.update(grads, opt_state, params, loss=value)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    step = jax.jit(step, donate_argnums=(0, 1))
+    params, opt_state, value = step(params, opt_state, batches[0])  # compile
+    value.block_until_ready()
+    start = time.perf_counter()
+    for i in range(steps):
+        params, opt_state, value = step(params, opt_state, batches[(i + 1) % len(batches)])
+    value.block_until_ready()
+    tokens = steps * batches[0]["tokens"].size
+    return tokens / (time.perf_counter() - start)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--seq", type=int, default=64)
+    args = parser.parse_args()
+    root = pathlib.Path(tempfile.mkdtemp(prefix="meltemi-bench-"))
+    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    resolved = _config(root / "trainer", args.steps + 1, args)
+    parts = build_parts(resolved.config)
+    batches = [
+        {k: jax.numpy.asarray(v) for k, v in parts.train_data.sequences(
+            np.arange(i * args.batch, (i + 1) * args.batch)).items()}
+        for i in range(4)
+    ]  # fmt: skip
+    peak = measure_peak_flops()
+    trainer_rounds, pure_rounds, compile_s = [], [], None
+    for _ in range(args.rounds):
+        trainer = Trainer(resolved, parts, mesh)
+        result = trainer.run()
+        compile_s = compile_s if compile_s is not None else result.compile_s
+        trainer_rounds.append(result.tokens_per_s)
+        pure_rounds.append(pure_jax_round(parts, batches, args.steps))
+    state = trainer.state
+    ckpt = Checkpointer(root / "ckpt", verify="sizes")
+    start = time.perf_counter()
+    ckpt.save(1, state, config_json=resolved.to_json())
+    blocking = time.perf_counter() - start
+    ckpt.wait()
+    save_s = time.perf_counter() - start
+    ckpt.close()
+    best_trainer, best_pure = max(trainer_rounds), max(pure_rounds)
+    flops_per_token = parts.flops_per_token or 0.0
+    out = {
+        "trainer_tokens_per_s": round(best_trainer, 1),
+        "pure_jax_tokens_per_s": round(best_pure, 1),
+        "trainer_vs_pure_jax_ratio": round(best_trainer / best_pure, 3),
+        "mfu": round(flops_per_token * best_trainer / peak, 4),
+        "peak_flops_per_s": round(peak, 1),
+        "compile_s": round(compile_s, 2),
+        "checkpoint_blocking_s": round(blocking, 4),
+        "checkpoint_save_s": round(save_s, 4),
+        "model": parts.describe,
+        "tokens_per_step": args.batch * args.seq,
+        "rounds": {"trainer": [round(x, 1) for x in trainer_rounds],
+                   "pure_jax": [round(x, 1) for x in pure_rounds]},
+    }  # fmt: skip
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""Running the trainer binary in a subprocess (as `bazel run //levanter:train` would)."""
+
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+TRAIN = pathlib.Path(__file__).parent.parent / "src" / "meltemi" / "levanter" / "main" / "train.py"
+DEFAULT = pathlib.Path(__file__).parent.parent / "configs" / "default.py"
+
+
+def env() -> dict:
+    out = dict(os.environ)
+    out["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    out.setdefault("JAX_PLATFORMS", "cpu")
+    out.pop("XLA_FLAGS", None)
+    # Share compiled programs between the test's subprocesses (same program, same binary).
+    out.setdefault(
+        "JAX_COMPILATION_CACHE_DIR",
+        os.path.join(os.environ.get("TEST_TMPDIR", tempfile.gettempdir()), "jax_cache"),
+    )
+    out.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    out.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+    return out
+
+
+def command(run_dir, cache_dir, *overrides, variant="smoke"):
+    return [
+        sys.executable,
+        str(TRAIN),
+        f"--config={DEFAULT}:{variant}",
+        f"--config.run_dir={run_dir}",
+        f"--config.data.cache_dir={cache_dir}",
+        *overrides,
+    ]
+
+
+def run(run_dir, cache_dir, *overrides, variant="smoke", timeout=600):
+    return subprocess.run(
+        command(run_dir, cache_dir, *overrides, variant=variant),
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def start(run_dir, cache_dir, *overrides, variant="smoke"):
+    return subprocess.Popen(
+        command(run_dir, cache_dir, *overrides, variant=variant),
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )

@@ -1,0 +1,37 @@
+"""Every config file under levanter/configs/ trains for 2 steps (its `:smoke` variant)."""
+
+import importlib.util
+import pathlib
+
+import pytest
+
+from meltemi.levanter.config import load_config
+from meltemi.levanter.trainer import train
+
+CONFIGS = sorted((pathlib.Path(__file__).parent.parent / "configs").glob("*.py"))
+
+
+def _variants(path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.VARIANTS
+
+
+def test_configs_are_found():
+    assert {p.name for p in CONFIGS} >= {"default.py", "marin_32b.py"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_config_trains_two_steps(path, tmp_path):
+    assert "smoke" in _variants(path), f"{path.name} needs a `smoke` variant for this test"
+    resolved = load_config(
+        f"{path}:smoke",
+        [("run_dir", str(tmp_path / "run")), ("data.cache_dir", str(tmp_path.parent / "cache"))],
+    )
+    assert resolved.config.trainer.num_train_steps == 2
+    result = train(resolved)
+    assert result.step == 2 and sorted(result.losses) == [1, 2]
+    assert all(loss > 0 for loss in result.losses.values())
+    assert result.loss_png is not None and result.loss_png.exists()
+    assert (tmp_path / "run" / "checkpoints" / "step_00000002").is_dir()
