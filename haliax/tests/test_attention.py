@@ -143,3 +143,16 @@ def test_qk_norm_hook_makes_attention_invariant_to_query_key_scale():
         lambda a: (a.q_norm, a.k_norm), scaled, (None, None), is_leaf=lambda v: v is None
     )
     assert not np.allclose(run(no_norm, x).array, run(attn, x).array, atol=1e-3)
+
+
+def test_bias_and_soft_cap_change_logits_as_documented():
+    k1, k2 = jax.random.split(jax.random.key(3))
+    q = hax.random.normal(k1, (Pos, HeadSize)) * 10
+    k = hax.random.normal(k2, (KPos, HeadSize)) * 10
+    w = A.dot_product_attention_weights(HeadSize, KPos, q, k, logits_soft_cap=2.0)
+    raw = np.asarray(q.array) @ np.asarray(k.array).T / 2.0
+    ref = jax.nn.softmax(np.tanh(raw / 2.0) * 2.0, axis=-1)
+    np.testing.assert_allclose(w.array, ref, rtol=1e-5, atol=1e-6)
+    bias = A.mask_to_bias(A.causal_mask(Pos, KPos))
+    wb = A.dot_product_attention_weights(HeadSize, KPos, q, k, bias=bias)
+    np.testing.assert_allclose(np.triu(np.asarray(wb.array), 1), 0.0, atol=1e-6)

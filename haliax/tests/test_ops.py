@@ -118,3 +118,19 @@ def test_top_k_cumsum_sort_roll():
     np.testing.assert_allclose(hax.cumsum(x, "embed").array, np.cumsum(x.array, axis=1), rtol=1e-5)
     np.testing.assert_array_equal(hax.sort(x, "batch").array, np.sort(x.array, axis=0))
     np.testing.assert_array_equal(hax.roll(x, 2, "embed").array, np.roll(x.array, 2, axis=1))
+
+
+def test_einsum_operand_spec_missing_axis_is_an_error():
+    with pytest.raises(hax.AxisError, match=r"does not name every axis.*add '...'"):
+        hax.einsum("batch -> batch", _rand((Batch, Embed)))
+
+
+def test_dot_out_axes_orders_result():
+    x, w = _rand((Batch, Embed)), _rand((Mlp, Embed), 1)
+    out = hax.dot(x, w, axis=Embed, out_axes=("mlp", ...))
+    assert out.axes == (Mlp, Batch)
+
+
+def test_tril_over_named_axes():
+    x = hax.ones((Pos, Pos.alias("key_pos")))
+    np.testing.assert_array_equal(hax.tril(x, ("pos", "key_pos")).array, np.tril(np.ones((5, 5))))

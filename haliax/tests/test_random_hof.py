@@ -74,3 +74,17 @@ def test_map_is_sequential_vmap():
     x = hax.random.normal(jax.random.key(1), (Layers, Embed))
     out = hax.map(lambda r: hax.max(r, "embed"), Layers)(x)
     np.testing.assert_allclose(out.array, x.array.max(1))
+
+
+def test_vmap_over_two_axes_nests():
+    x = hax.random.normal(jax.random.key(0), (Batch, Layers, Embed))
+    out = hax.vmap(lambda r: hax.sum(r), (Batch, Layers))(x)
+    assert out.axes == (Batch, Layers)
+    np.testing.assert_allclose(out.array, x.array.sum(-1), rtol=1e-5)
+
+
+def test_vmap_by_name_without_named_argument_is_an_error():
+    import pytest
+
+    with pytest.raises(hax.AxisError, match=r"given by name but no NamedArray argument has it"):
+        hax.vmap(lambda a: a, "layers")(jnp.zeros(3))

@@ -134,7 +134,7 @@ def _check_unique(names: Sequence[str], where: str) -> None:
         if n in seen:
             raise DuplicateAxisError(
                 f"duplicate axis name {n!r} in {where}: {list(names)}; every axis of an array "
-                f"needs its own name (rename one, e.g. Axis({n!r} + '_2', size))"
+                f"needs its own name (rename one, e.g. Axis({n + '_2'!r}, size))"
             )
         seen.add(n)
 
