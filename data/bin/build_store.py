@@ -26,7 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default="byte")
     p.add_argument("--decontaminate", action="append", default=[])
     p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--shard_mb", type=float, default=32.0)
+    p.add_argument("--shard_mb", type=float, default=64.0)
     p.add_argument("--max_run", type=int, default=CleanPolicy.max_run)
     p.add_argument("--ngram", type=int, default=CleanPolicy.ngram)
     p.add_argument("--invalid_utf8", choices=["replace", "skip"], default="replace")

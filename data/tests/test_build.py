@@ -275,3 +275,13 @@ def test_lone_surrogate_escapes_are_replaced(tmp_path):
     store = build_store([JsonlFiles("s", [str(tmp_path / "s.jsonl")])], TOK, tmp_path / "st")
     assert _decoded(store) == ["a\ufffd\ufffd\ufffdb"]
     assert store.skipped == {"invalid_utf8_replaced": 1}
+
+
+class _BrokenTokenizer(ByteTokenizer):
+    def encode(self, text):
+        raise RuntimeError("tokenizer bug")
+
+
+def test_a_bug_in_processing_is_raised_not_counted(tmp_path):
+    with pytest.raises(RuntimeError, match="tokenizer bug"):
+        build_store([_jsonl_source(tmp_path, ["x"])], _BrokenTokenizer(), tmp_path / "s")

@@ -16,7 +16,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import tensorstore as ts
@@ -122,6 +122,23 @@ def _add(doc, task: _ShardTask, counts, problems, docs, locations) -> None:
     locations.append(doc.location)
 
 
+def _read_guarded(source: Source, f: str, counts, problems) -> Iterator:
+    """The documents of one file; a corrupt or unreadable file ends early and is counted."""
+    try:
+        reader = iter(source.read(f))
+        while True:
+            try:
+                doc = next(reader)
+            except StopIteration:
+                return
+            yield doc
+    except SourceError:
+        raise  # misconfiguration (a missing column, a missing package): fix and rerun
+    except Exception as e:  # keep what was read before the damage; count the file
+        counts["unreadable_files"] += 1
+        problems.append(f"{f}: unreadable ({type(e).__name__}: {e})")
+
+
 def _build_shard(task: _ShardTask) -> dict:
     """Reads, cleans, tokenizes and writes one shard; returns its ledger entry."""
     tok = task.tokenizer
@@ -131,15 +148,12 @@ def _build_shard(task: _ShardTask) -> dict:
     locations: list[str] = []
     input_bytes = 0
     for f in task.files:
+        for doc in _read_guarded(task.source, f, counts, problems):
+            _add(doc, task, counts, problems, docs, locations)
         try:
             input_bytes += _file_stat(f)[0]
-            for doc in task.source.read(f):
-                _add(doc, task, counts, problems, docs, locations)
-        except SourceError:
-            raise  # misconfiguration (a missing column, a missing package): fix and rerun
-        except Exception as e:  # a corrupt or unreadable file: keep what was read, count it
-            counts["unreadable_files"] += 1
-            problems.append(f"{f}: unreadable ({type(e).__name__}: {e})")
+        except OSError:
+            pass  # already counted as unreadable
     lengths = np.asarray([len(d) for d in docs], np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     tokens = np.concatenate(docs) if docs else np.zeros(0, np.int32)
@@ -165,13 +179,16 @@ def _build_shard(task: _ShardTask) -> dict:
     }
 
 
-def _plan(sources: Sequence[Source], shard_bytes: int) -> list[dict]:
+def _plan(sources: Sequence[Source], shard_bytes: int, min_shards: int) -> list[dict]:
+    sized = [[(f, _file_stat(f)[0]) for f in source.files()] for source in sources]
+    total = sum(size for files in sized for _, size in files)
+    # Small corpora still get about `min_shards` shards, so that workers have work to share.
+    shard_bytes = max(1, min(shard_bytes, total // max(1, min_shards)))
     shards = []
-    for si, source in enumerate(sources):
+    for si, files in enumerate(sized):
         current: list[str] = []
         size = 0
-        for f in source.files():
-            fsize = _file_stat(f)[0]
+        for f, fsize in files:
             if current and size + fsize > shard_bytes:
                 shards.append({"source": si, "files": current})
                 current, size = [], 0
@@ -236,7 +253,8 @@ def build_store(
     decontaminate: Sequence[Source] = (),
     workers: int = 1,
     executor: Executor | None = None,
-    shard_bytes: int = 32 << 20,
+    shard_bytes: int = 64 << 20,
+    min_shards: int = 8,
     chunk_tokens: int = 1 << 15,
     progress: Callable[[int, int], None] | None = None,
     stop_after_shards: int | None = None,
@@ -253,6 +271,8 @@ def build_store(
         workers: local worker processes (1 = build in this process).
         executor: overrides `workers` (anything with `map_unordered(fn, items)`).
         shard_bytes: input bytes per shard (whole files are never split).
+        min_shards: smaller corpora are cut into about this many shards (so that workers
+            share them); the plan never depends on `workers`, so neither does the store.
         chunk_tokens: zarr chunk length of the token arrays.
         progress: called as `progress(shards_done, shards_total)` after each shard.
         stop_after_shards: build at most this many new shards then return None without
@@ -286,7 +306,7 @@ def build_store(
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
         raise ValueError(f"build_store: source names must be unique, got {names}")
-    shards = _plan(sources, shard_bytes)
+    shards = _plan(sources, shard_bytes, min_shards)
     options = dataclasses.asdict(policy) | {"chunk_tokens": chunk_tokens}
     plan = {
         "format": FORMAT,
@@ -309,7 +329,11 @@ def build_store(
     if os.path.exists(build_json):
         with open(build_json) as fh:
             old = json.load(fh)
-        diff = [k for k in plan if old.get(k) != plan[k]]
+        finished = os.path.exists(os.path.join(path, "meta.json"))
+        # A finished store serves any request for the same content; the shard layout only has
+        # to match when resuming.
+        keys = [k for k in plan if not (finished and k == "shard_plan")]
+        diff = [k for k in keys if old.get(k) != plan[k]]
         if diff:
             raise StoreError(
                 f"build_store: {path} holds a build with different {diff}; use a new path, or "

@@ -8,13 +8,13 @@ import numpy as np
 
 __all__ = ["CleanPolicy", "ngram_hashes", "truncate_runs"]
 
-# Unicode whitespace (str.isspace() for these code points): a run of mixed whitespace counts
-# as one run.
-_SPACE = np.array(
-    [9, 10, 11, 12, 13, 28, 29, 30, 31, 32, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B)]
-    + [0x2028, 0x2029, 0x202F, 0x205F, 0x3000],
-    np.uint32,
-)
+# Unicode whitespace (str.isspace() is True for exactly these code points): a run of mixed
+# whitespace counts as one run. A lookup table indexed by min(code point, _TOP) classifies them.
+_SPACE = [9, 10, 11, 12, 13, 28, 29, 30, 31, 32, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B)]
+_SPACE += [0x2028, 0x2029, 0x202F, 0x205F, 0x3000]
+_TOP = 0x3001
+_IS_SPACE = np.zeros(_TOP + 1, bool)
+_IS_SPACE[_SPACE] = True
 _SPACE_KEY = np.uint32(0xFFFFFFFF)
 
 
@@ -62,18 +62,21 @@ def truncate_runs(text: str, max_run: int) -> tuple[str, bool]:
     """
     if len(text) <= max_run:
         return text, False
-    cps = np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), np.uint32)
-    keys = np.where(np.isin(cps, _SPACE), _SPACE_KEY, cps)
-    change = np.empty(len(keys), bool)
-    change[0] = True
-    np.not_equal(keys[1:], keys[:-1], out=change[1:])
-    starts = np.flatnonzero(change)
-    run_lengths = np.diff(np.append(starts, len(keys)))
+    ascii_only = text.isascii()
+    if ascii_only:
+        cps = np.frombuffer(text.encode("ascii"), np.uint8)
+    else:
+        cps = np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), np.uint32)
+    keys = cps.astype(np.uint32)
+    keys[_IS_SPACE[np.minimum(keys, _TOP)]] = _SPACE_KEY
+    starts = np.flatnonzero(keys[1:] != keys[:-1]) + 1
+    bounds = np.concatenate([[0], starts, [len(keys)]])
+    run_lengths = np.diff(bounds)
     if run_lengths.max() <= max_run:
         return text, False
-    run_start_of = np.repeat(starts, run_lengths)
-    keep = (np.arange(len(keys)) - run_start_of) < max_run
-    out = cps[keep].tobytes().decode("utf-32-le", errors="surrogatepass")
+    keep = (np.arange(len(keys)) - np.repeat(bounds[:-1], run_lengths)) < max_run
+    kept = cps[keep].tobytes()
+    out = kept.decode("ascii") if ascii_only else kept.decode("utf-32-le", errors="surrogatepass")
     return out, True
 
 
