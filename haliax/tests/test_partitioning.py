@@ -161,3 +161,11 @@ def test_infer_resource_partitions_gives_named_shardings():
 def test_make_mesh_with_too_many_devices_says_how_to_fake_them():
     with pytest.raises(P.ShardingError, match=r"needs 16 devices but only 8.*device_count=16"):
         P.make_mesh({"data": 16})
+
+
+def test_shard_inside_plain_jit_uses_set_mesh_and_axis_mapping():
+    mesh = P.make_mesh({"data": 8})
+    with jax.set_mesh(mesh), hax.axis_mapping({"batch": "data"}):
+        y = jax.jit(lambda x: hax.shard(x * 2))(hax.ones((Batch, Vocab)))
+    assert y.array.sharding.spec == PartitionSpec("data")
+    np.testing.assert_array_equal(y.array, 2.0)

@@ -212,6 +212,3 @@ def einsum(
             out_names.append(n)
     out = _einsum_raw(arrays, out_names, letters, precision, preferred_element_type)
     return NamedArray(out, tuple(all_axes[n] for n in out_names))
-
-
-_ = AxisError

@@ -26,7 +26,6 @@ from meltemi.haliax._core import (
     _as_tuple,
     _check_unique,
     _raw_operands,
-    axis_name,
 )
 
 __all__ = [
@@ -119,5 +118,3 @@ def _make_arg(fn: Callable, name: str) -> Callable:
 
 argmax = _make_arg(jnp.argmax, "argmax")
 argmin = _make_arg(jnp.argmin, "argmin")
-
-_ = axis_name  # re-exported helper used by callers of this module

@@ -263,13 +263,14 @@ def named_jit(
     in_axis_resources: ResourceMapping | None = None,
     out_axis_resources: ResourceMapping | None = None,
     mesh: Mesh | None = None,
-    donate_args: bool | Sequence[bool] | None = None,
+    donate_args: bool = False,
 ) -> Callable:
     """`eqx.filter_jit` that shards inputs and outputs by name.
 
     Inside `fn`, `axis_resources` is the active `axis_mapping` (so `hax.shard(x)` uses it).
     Inputs are constrained with `in_axis_resources` and outputs with `out_axis_resources` (both
     default to `axis_resources`). Non-array arguments are static, as in `eqx.filter_jit`.
+    `donate_args=True` donates every array argument (haliax takes a per-argument prefix).
     Typical FSDP: parameters' `embed` -> "data" for storage, batch -> "data" for compute.
 
     >>> import jax.numpy as jnp
@@ -301,7 +302,7 @@ def named_jit(
                 out = shard(out, out_map, mesh)
         return out
 
-    donate = "all" if donate_args is True else "none"
+    donate = "all" if donate_args else "none"
     jitted = eqx.filter_jit(inner, donate=donate)
 
     @functools.wraps(fn)

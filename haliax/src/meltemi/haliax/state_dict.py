@@ -37,7 +37,7 @@ import numpy as np
 
 from meltemi.haliax._core import Axis, NamedArray, _as_tuple
 from meltemi.haliax.nn._linear import Linear
-from meltemi.haliax.nn._scan import BlockSeq, Stacked
+from meltemi.haliax.nn._scan import Stacked
 
 __all__ = [
     "StateDict",
@@ -342,6 +342,3 @@ def stack_state_dict(state_dict: Mapping[str, Any], prefix: str) -> StateDict:
             raise StateDictError(f"stack_state_dict: {prefix}.N.{rest} is missing layers {missing}")
         out[f"{prefix}.{rest}"] = np.stack([np.asarray(layers[i]) for i in range(n)])
     return out
-
-
-_ = BlockSeq

@@ -103,6 +103,3 @@ def one_hot(x: NamedArray | int, axis: Axis, *, dtype: Any = jnp.float32) -> Nam
     if isinstance(x, NamedArray):
         return NamedArray(jax.nn.one_hot(x.array, axis.size, dtype=dtype), x.axes + (axis,))
     return NamedArray(jax.nn.one_hot(x, axis.size, dtype=dtype), (axis,))
-
-
-_ = logsumexp

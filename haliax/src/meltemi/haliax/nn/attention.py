@@ -28,7 +28,6 @@ from meltemi.haliax._core import (
     AxisSelector,
     AxisSpec,
     NamedArray,
-    _as_tuple,
     axis_name,
     axis_size,
     rename,
@@ -305,6 +304,3 @@ class Attention(eqx.Module):
             KPos, self.HeadSize, q, k, v, mask=mask, logits_soft_cap=self.logits_soft_cap
         )
         return self.o_proj(out)
-
-
-_ = _as_tuple
