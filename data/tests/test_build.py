@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import os
@@ -190,8 +191,19 @@ def test_a_failing_worker_leaves_a_resumable_build(tmp_path):
         flaky = FrayExecutor(2, cluster=cluster)
         with pytest.raises(fray.RemoteError, match="shard 3 exploded"):
             build_store([src], TOK, tmp_path / "s", shard_bytes=1, executor=_Exploding(flaky, 3))
+    ledger = (tmp_path / "s" / "ledger.jsonl").read_text().splitlines()
+    assert 3 not in {json.loads(x)["shard"] for x in ledger}
     store = build_store([src], TOK, tmp_path / "s", shard_bytes=1)
     assert _decoded(store) == texts
+
+
+def test_a_second_concurrent_build_is_refused(tmp_path):
+    src, _ = _many_files(tmp_path, 3)
+    build_store([src], TOK, tmp_path / "s", stop_after_shards=0)
+    with open(tmp_path / "s" / ".build.lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(StoreError, match=r"another build of .* is running"):
+            build_store([src], TOK, tmp_path / "s")
 
 
 def _explode_on(task, shard):

@@ -10,7 +10,9 @@ is written last (write to a temporary name, then rename): a store without it doe
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import shutil
@@ -325,6 +327,53 @@ def build_store(
         "shard_plan": shards,
     }
     os.makedirs(os.path.join(path, "shards"), exist_ok=True)
+    with _build_lock(path):
+        return _build_locked(
+            path,
+            plan,
+            shards,
+            sources=sources,
+            tokenizer=tokenizer,
+            policy=policy,
+            decontaminate=decontaminate,
+            executor=executor or make_executor(workers),
+            chunk_tokens=chunk_tokens,
+            progress=progress,
+            stop_after_shards=stop_after_shards,
+        )
+
+
+@contextlib.contextmanager
+def _build_lock(path: str):
+    """An exclusive lock on `path/.build.lock` for the duration of a build (one builder)."""
+    fh = open(os.path.join(path, ".build.lock"), "a+")
+    try:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            raise StoreError(
+                f"build_store: another build of {path} is running (it holds {path}/.build.lock); "
+                f"wait for it, or build on one process and TokenStore.open() on the others"
+            ) from e
+        yield
+    finally:
+        fh.close()
+
+
+def _build_locked(
+    path: str,
+    plan: dict,
+    shards: list[dict],
+    *,
+    sources: Sequence[Source],
+    tokenizer: Tokenizer,
+    policy: CleanPolicy,
+    decontaminate: Sequence[Source],
+    executor: Executor,
+    chunk_tokens: int,
+    progress: Callable[[int, int], None] | None,
+    stop_after_shards: int | None,
+) -> TokenStore | None:
     build_json = os.path.join(path, "build.json")
     if os.path.exists(build_json):
         with open(build_json) as fh:
@@ -365,7 +414,6 @@ def build_store(
         )
         for s in todo
     ]
-    executor = executor or make_executor(workers)
     start = time.perf_counter()
     with open(os.path.join(path, "ledger.jsonl"), "a") as ledger:
         for entry in executor.map_unordered(_build_shard, tasks):

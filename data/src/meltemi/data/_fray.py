@@ -24,8 +24,9 @@ class _BuildWorker:
 class FrayExecutor:
     """Runs build tasks on `workers` fray actors (a `LocalCluster` unless `cluster` is given).
 
-    Results come back in completion order; an actor's error is re-raised by the iterator
-    (shards already returned are in the ledger, so a rerun resumes after them).
+    Results come back in completion order. When a task fails, no new task starts, the running
+    ones finish (their results are still yielded, so the build records them in its ledger),
+    then the first error is raised; a rerun resumes after the recorded shards.
 
     >>> with fray.InProcessCluster() as cluster:
     ...     sorted(FrayExecutor(2, cluster=cluster).map_unordered(abs, [-3, 1, -2]))
@@ -59,15 +60,25 @@ class FrayExecutor:
                 return True
 
             running = sum(submit(w) for w in group)
+            error: BaseException | None = None
             try:
+                # After a failure, submit nothing new but let running tasks finish (their
+                # results still reach the caller), so no task outlives this call.
                 while running:
                     worker, future = done.get()
                     running -= 1
-                    result = future.result()
-                    running += submit(worker)
+                    try:
+                        result = future.result()
+                    except Exception as e:
+                        error = error or e
+                        continue
+                    if error is None:
+                        running += submit(worker)
                     yield result
             finally:
                 cluster.kill(group)
+            if error is not None:
+                raise error
         finally:
             if own:
                 cluster.shutdown()

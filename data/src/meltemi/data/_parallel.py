@@ -45,14 +45,26 @@ class ProcessExecutor:
 
     def map_unordered(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
         ctx = multiprocessing.get_context("spawn")
+        error: BaseException | None = None
         with cf.ProcessPoolExecutor(self.workers, mp_context=ctx) as pool:
             futures = [pool.submit(fn, item) for item in items]
             try:
                 for fut in cf.as_completed(futures):
-                    yield fut.result()
+                    if fut.cancelled():
+                        continue
+                    try:
+                        result = fut.result()
+                    except Exception as e:  # finish what runs, start nothing new, then raise
+                        error = error or e
+                        for other in futures:
+                            other.cancel()
+                        continue
+                    yield result
             finally:
                 for fut in futures:
                     fut.cancel()
+        if error is not None:
+            raise error
 
 
 def make_executor(workers: int) -> Executor:
