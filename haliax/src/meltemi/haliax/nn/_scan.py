@@ -123,7 +123,10 @@ class Stacked(eqx.Module, Generic[M]):
 
 class BlockSeq(eqx.Module, Generic[M]):
     """Like `Stacked` but a Python tuple of layers, unrolled at trace time (layers may differ
-    after construction, e.g. after loading; compile time grows with depth)."""
+    after construction, e.g. after loading; compile time grows with depth).
+
+    Any checkpoint policy other than `"none"` wraps each block in `jax.checkpoint`.
+    """
 
     blocks: tuple[M, ...]
     Block: Axis = eqx.field(static=True)
