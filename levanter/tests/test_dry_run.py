@@ -29,8 +29,10 @@ def test_marin_32b_dry_run_on_virtual_fsdp_mesh(tmp_path):
     assert "dry run: marin-32b, 31.21B parameters" in out, out
     assert "mesh: 256 devices (fsdp=256)" in out
     assert "tokens per step: 4,194,304" in out
-    gib = float(out.split("peak estimate:")[1].split("GiB")[0])
-    # 32.8B params x (4 B weights + 8 B Adam moments + 4 B EMA) / 256 devices ~ 2 GiB, plus
-    # activations of 4 sequences of 4096 tokens per device with full remat.
-    assert 1.5 < gib < 64, out
+    args = float(out.split("arguments (params, optimizer state, batch):")[1].split("GiB")[0])
+    # 31.2B params x (4 B weights + 8 B Adam moments + 4 B EMA) / 256 devices = 1.82 GiB.
+    assert 1.7 < args < 2.0, out
+    # Temporaries are reported but not bounded here: the models do not constrain activation
+    # shardings yet, so XLA keeps the batch unsplit inside the layers (see the README).
+    assert float(out.split("temporaries (activations, gradients):")[1].split("GiB")[0]) > 0
     assert not (tmp_path / "run").exists()

@@ -86,3 +86,18 @@ def test_retention_keeps_permanent_and_final_checkpoints(tmp_path):
     _run(config)
     kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert kept == ["step_00000003", "step_00000005"]
+
+
+def test_tensorboard_option_writes_event_files(tmp_path):
+    _run(_tiny.config(tmp_path, **{"logging.tensorboard": True}))
+    events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 100
+
+
+def test_ema_parameters_are_evaluated_beside_the_parameters(tmp_path):
+    from meltemi.levanter import optim
+
+    tx, _ = optim.build_optimizer({"learning_rate": 0.05, "ema_beta": 0.5, "total_steps": 6})
+    _, result = _run(_tiny.config(tmp_path), parts=_tiny.parts(optimizer=tx))
+    assert set(result.eval) == {"synthetic", "synthetic-ema"}
+    assert result.eval["synthetic"]["loss"] != result.eval["synthetic-ema"]["loss"]

@@ -61,7 +61,10 @@ class DryRunReport:
             f"({self.model_flops_per_step / self.num_devices:.3e} per device)",
         ]
         if self.compiled_flops_per_device:
-            lines.append(f"  compiled FLOPs per device: {self.compiled_flops_per_device:.3e}")
+            lines.append(
+                f"  XLA cost analysis per device: {self.compiled_flops_per_device:.3e} FLOPs "
+                "(counts a scanned layer stack once)"
+            )
         lines += [
             "  memory per device:",
             f"    arguments (params, optimizer state, batch): {self.argument_bytes / gib:.2f} GiB",

@@ -33,7 +33,13 @@ from meltemi.levanter.trainer._sharding import (
     tree_shardings,
     with_shardings,
 )
-from meltemi.levanter.trainer._step import DTYPES, TrainState, init_state, make_train_step
+from meltemi.levanter.trainer._step import (
+    DTYPES,
+    TrainState,
+    cast_floating,
+    init_state,
+    make_train_step,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +78,8 @@ class RunResult:
         loss_png: the loss curve (None if not drawn).
         summary: the text printed at the end.
         compile_s: seconds to compile the train step (first batch size).
-        tokens_per_s: mean throughput over this run's steps after the first.
+        tokens_per_s: tokens over seconds of this run's steps after the first (pauses for
+            evaluation, checkpoints and compiles excluded).
         checkpoint_blocking_s: longest time a checkpoint save blocked the loop.
     """
 
@@ -87,7 +94,7 @@ class RunResult:
     compile_s: float = 0.0
     tokens_per_s: float = 0.0
     checkpoint_blocking_s: float = 0.0
-    throughput: list[float] = dataclasses.field(default_factory=list, repr=False)
+    throughput: list[tuple[int, float]] = dataclasses.field(default_factory=list, repr=False)
 
 
 class _Preemption:
@@ -299,16 +306,26 @@ class Trainer:
 
     # -- evaluation ---------------------------------------------------------------------------
 
-    def evaluate(self, params: Any) -> dict[str, dict[str, float]]:
-        """Loss (nats/token) and bits per byte on every validation set."""
+    def evaluate(self, state: TrainState) -> dict[str, dict[str, float]]:
+        """Loss (nats/token) and bits per byte on every validation set.
+
+        With an EMA of the parameters in the optimizer state (`optimizer.ema_beta`), the EMA
+        parameters are evaluated too, as `<set>-ema`.
+        """
+        results = self._evaluate_params(state.params)
+        ema = _ema_params(state.opt_state)
+        if ema is not None:
+            for name, values in self._evaluate_params(ema).items():
+                results[f"{name}-ema"] = values
+        return results
+
+    def _evaluate_params(self, params: Any) -> dict[str, dict[str, float]]:
         if not self.parts.eval_sets:
             return {}
         if self._eval_fn is None:
             static, parts, dtype = self.static, self.parts, self.compute_dtype
 
             def eval_step(p, batch):
-                from meltemi.levanter.trainer._step import cast_floating
-
                 model = eqx.combine(cast_floating(p, dtype), static)
                 nll, count = parts.eval_loss_fn(model, batch)
                 return jnp.asarray(nll, jnp.float32), jnp.asarray(count, jnp.float32)
@@ -369,7 +386,9 @@ class Trainer:
             state_step = self._loop(state, start, end, ckpt, result, cleanup, on_step)
         result.step = state_step
         result.compile_s = self.compile_s
-        result.tokens_per_s = float(np.mean(result.throughput)) if result.throughput else 0.0
+        if result.throughput:
+            tokens, seconds = (sum(x) for x in zip(*result.throughput, strict=True))
+            result.tokens_per_s = tokens / seconds
         if self.primary and result.losses and state_step == num_steps:
             try:
                 result.loss_png = plot_loss_curve(self.run_dir)
@@ -424,7 +443,7 @@ class Trainer:
             tokens = record["batch_size"] * self.parts.seq_len
             tps = tokens / elapsed
             if record["step"] > start + 1:
-                result.throughput.append(tps)
+                result.throughput.append((tokens, elapsed))
             flops = self._model_flops(record["batch_size"], tokens)
             mfu = flops / elapsed / (peak * num_devices) if flops else None
             record.update(metrics)
@@ -467,7 +486,7 @@ class Trainer:
                     mark_ready(pending)
                 pause_start = time.perf_counter()
                 if eval_due:
-                    evals = self.evaluate(state.params)
+                    evals = self.evaluate(state)
                     result.eval = evals
                     pending.update(_eval_record(evals))
                     bar.write(_eval_line(state_step, evals))
@@ -483,7 +502,7 @@ class Trainer:
             evaluated = config.eval.every_steps and num_steps % config.eval.every_steps == 0
             if pending is not None and state_step == num_steps and not evaluated:
                 pause_start = time.perf_counter()
-                result.eval = self.evaluate(state.params)
+                result.eval = self.evaluate(state)
                 pending.update(_eval_record(result.eval))
                 paused += time.perf_counter() - pause_start
             if pending is not None:
@@ -517,6 +536,7 @@ class Trainer:
         for line in report:
             logger.warning("warm start: %s", line)
         if self.primary:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "warm_start.txt").write_text("\n".join(report) + "\n")
         # A new optimizer state for the loaded weights: schedules re-warm from step 0.
         with compute_context(self.mesh):
@@ -565,6 +585,16 @@ class Trainer:
         if result.loss_png:
             lines.append(f"  loss curve: {result.loss_png}")
         return "\n".join(lines)
+
+
+def _ema_params(opt_state: Any) -> Any:
+    """The EMA parameters in an optimizer state, or None when it keeps no EMA."""
+    from meltemi.levanter import optim
+
+    try:
+        return optim.ema_of(opt_state)
+    except ValueError:
+        return None
 
 
 def _pad_rows(batch: Mapping[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
