@@ -167,6 +167,8 @@ class LocalCluster(Cluster):
         self.secret_path = os.path.join(self.dir, "secret")
         create_secret(self.secret_path)
         self._secret = read_secret(self.secret_path)
+        # Remove the secret even if shutdown() is never called (actors exit with the driver).
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.dir, ignore_errors=True)
         self._env = self._child_env(env or {})
         super().__init__(
             call_timeout=call_timeout,
@@ -379,7 +381,7 @@ class LocalCluster(Cluster):
 
     def _close_backend(self) -> None:
         self._controller.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self._cleanup()
 
 
 def _kill(proc: subprocess.Popen, wait: bool = True) -> None:
