@@ -4,7 +4,9 @@ For each backend present (inprocess, local, ray): actor start, no-op call latenc
 pipelined calls per second, and 1 MiB / 10 MiB echo round trips; plus the ratio of Ray's
 no-op latency to LocalCluster's, measured in the same run.
 
-Flags: --backends=inprocess,local,ray  --quick (tiny counts, for the smoke test).
+Flags: --backends=inprocess,local,ray  --quick (tiny counts, for the smoke test)
+--out=PATH (default under `bazel run`: fray/bench_results.json in the workspace, which the
+README's table is copied from).
 """
 
 from __future__ import annotations
@@ -101,6 +103,9 @@ def main(argv: list[str]) -> int:
     default = "inprocess,local,ray" if have_ray else "inprocess,local"
     parser.add_argument("--backends", default=default)
     parser.add_argument("--quick", action="store_true")
+    workspace = os.environ.get("BUILD_WORKSPACE_DIRECTORY")
+    default_out = os.path.join(workspace, "fray", "bench_results.json") if workspace else None
+    parser.add_argument("--out", default=default_out)
     args = parser.parse_args(argv)
     results: dict = {}
     for backend in args.backends.split(","):
@@ -123,7 +128,12 @@ def main(argv: list[str]) -> int:
         "python": platform.python_version(),
         "quick": args.quick,
     }
-    print(json.dumps(results, indent=1))
+    text = json.dumps(results, indent=1)
+    print(text)
+    if args.out and not args.quick:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+        print(f"bench: wrote {args.out}", file=sys.stderr)
     return 0
 
 
