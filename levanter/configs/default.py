@@ -12,6 +12,7 @@ from meltemi.levanter.config import base_config, with_variant
 VARIANTS = {
     # Two steps of a tiny model: what the config's test runs.
     "smoke": {
+        "name": "default-smoke",
         "trainer.num_train_steps": 2,
         "trainer.train_batch_size": 4,
         "trainer.progress_bar": False,
@@ -26,7 +27,7 @@ VARIANTS = {
         "checkpoint.save_every_steps": 1,
     },
     # The same run as two slices (one process each) joined over loopback.
-    "multislice": {"mesh.num_slices": 2},
+    "multislice": {"name": "default-multislice", "mesh.num_slices": 2},
 }
 
 

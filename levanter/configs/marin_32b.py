@@ -12,9 +12,10 @@ from meltemi.levanter.config import base_config, with_variant
 
 VARIANTS = {
     # Marin switched from Llama to Qwen3 (QK-norm) mid-run: warm start with checkpoint.init_from.
-    "qk": {"model.preset": "marin-32b-qk"},
+    "qk": {"name": "marin-32b-qk", "model.preset": "marin-32b-qk"},
     # The same recipe on a model small enough for the CPU: what the config's 2-step test runs.
     "smoke": {
+        "name": "marin-32b-smoke",
         "trainer.num_train_steps": 2,
         "trainer.train_batch_size": 4,
         "trainer.progress_bar": False,

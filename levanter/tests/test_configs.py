@@ -3,6 +3,7 @@
 import importlib.util
 import pathlib
 
+import numpy as np
 import pytest
 
 from meltemi.levanter.config import load_config
@@ -35,3 +36,20 @@ def test_config_trains_two_steps(path, tmp_path):
     assert all(loss > 0 for loss in result.losses.values())
     assert result.loss_png is not None and result.loss_png.exists()
     assert (tmp_path / "run" / "checkpoints" / "step_00000002").is_dir()
+
+
+def test_remat_policy_is_a_config_change_with_the_same_losses(tmp_path):
+    losses = {}
+    for policy in ("none", "full"):
+        resolved = load_config(
+            f"{CONFIGS[0]}:smoke",
+            [
+                ("run_dir", str(tmp_path / policy)),
+                ("data.cache_dir", str(tmp_path / "cache")),
+                ("model.remat", policy),
+                ("eval.num_batches", "0"),
+                ("checkpoint.enabled", "false"),
+            ],
+        )
+        losses[policy] = list(train(resolved).losses.values())
+    np.testing.assert_allclose(losses["full"], losses["none"], rtol=1e-5, atol=1e-5)

@@ -101,3 +101,10 @@ def test_ema_parameters_are_evaluated_beside_the_parameters(tmp_path):
     _, result = _run(_tiny.config(tmp_path), parts=_tiny.parts(optimizer=tx))
     assert set(result.eval) == {"synthetic", "synthetic-ema"}
     assert result.eval["synthetic"]["loss"] != result.eval["synthetic-ema"]["loss"]
+
+
+def test_resuming_with_a_changed_config_warns_with_the_differences(tmp_path, caplog):
+    _run(_tiny.config(tmp_path), stop_after=2)
+    with caplog.at_level("WARNING"):
+        _run(_tiny.config(tmp_path, **{"trainer.z_loss": 0.5}))
+    assert "trainer.z_loss: 0.0001 -> 0.5" in caplog.text

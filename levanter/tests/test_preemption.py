@@ -27,25 +27,36 @@ def _losses(run_dir):
     return {r["step"]: r["train/loss"] for r in read_metrics(run_dir / "metrics.jsonl")}
 
 
-def test_sigkill_at_a_random_step_then_restart_is_bitwise_identical(tmp_path):
+def _interrupt(run_dir, cache, at_step, sig):
+    proc = _subprocess.start(run_dir, cache, *OVERRIDES)
+    deadline = time.monotonic() + 300
+    while max(_losses(run_dir), default=0) < at_step:
+        assert proc.poll() is None, f"finished before step {at_step}: {proc.stdout.read()[-2000:]}"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    return proc.wait(timeout=120), proc.stdout.read()
+
+
+def test_interrupted_then_restarted_runs_are_bitwise_identical(tmp_path):
     cache = tmp_path / "cache"
     full = _subprocess.run(tmp_path / "full", cache, *OVERRIDES)
     assert full.returncode == 0, full.stderr[-2000:]
+    reference = _losses(tmp_path / "full"), _final_params(tmp_path / "full")
 
+    # SIGKILL at a random step: resume from the last periodic checkpoint.
     kill_at = random.Random().randint(2, STEPS - 2)
-    cut = tmp_path / "cut"
-    proc = _subprocess.start(cut, cache, *OVERRIDES)
-    deadline = time.monotonic() + 300
-    while max(_losses(cut), default=0) < kill_at:
-        assert proc.poll() is None, f"finished before step {kill_at}: {proc.stdout.read()[-2000:]}"
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    killed_at = max(_losses(cut))
-
-    resumed = _subprocess.run(cut, cache, *OVERRIDES)
+    _interrupt(tmp_path / "killed", cache, kill_at, signal.SIGKILL)
+    resumed = _subprocess.run(tmp_path / "killed", cache, *OVERRIDES)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "resumed from" in resumed.stderr, f"killed at step {killed_at}"
-    assert _losses(cut) == _losses(tmp_path / "full"), f"killed at step {killed_at}"
-    assert _final_params(cut) == _final_params(tmp_path / "full"), f"killed at step {killed_at}"
+    assert "resumed from" in resumed.stderr, f"killed at step {kill_at}"
+    killed = _losses(tmp_path / "killed"), _final_params(tmp_path / "killed")
+    assert killed == reference, f"killed at step {kill_at}"
+
+    # SIGTERM (preemption): a checkpoint is saved, the binary exits with status 75.
+    status, output = _interrupt(tmp_path / "term", cache, 3, signal.SIGTERM)
+    assert status == 75, output[-2000:]
+    assert "preempted (checkpoint saved)" in output
+    resumed = _subprocess.run(tmp_path / "term", cache, *OVERRIDES)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert (_losses(tmp_path / "term"), _final_params(tmp_path / "term")) == reference

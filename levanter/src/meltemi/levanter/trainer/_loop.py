@@ -22,7 +22,7 @@ import numpy as np
 
 import meltemi.haliax as hax
 from meltemi.levanter.checkpoint import Checkpointer, RetentionPolicy, step_dir
-from meltemi.levanter.config import ResolvedConfig
+from meltemi.levanter.config import ResolvedConfig, flatten
 from meltemi.levanter.mesh import COMPUTE_RULES, PARAMETER_RULES, make_mesh
 from meltemi.levanter.tracking import MetricsWriter, ProgressBar, TensorBoardWriter, plot_loss_curve
 from meltemi.levanter.trainer._parts import EvalSet, RunParts
@@ -520,12 +520,31 @@ class Trainer:
     def _restore_or_init(self, ckpt: Checkpointer | None) -> tuple[TrainState, int]:
         if ckpt is not None and ckpt.all_steps():
             step, state = ckpt.restore(self.template)
+            self._warn_changed_config(ckpt, step)
             return state, step
         state = self.init_state()
         init_from = self.config.checkpoint.init_from
         if init_from:
             state = self._warm_start(state, init_from)
         return state, 0
+
+    def _warn_changed_config(self, ckpt: Checkpointer, step: int) -> None:
+        try:
+            saved = flatten(ckpt.read_config(step)["config"])
+        except Exception:  # an old or unreadable config item: nothing to compare
+            return
+        current = flatten(self.config)
+        changed = [
+            f"{k}: {saved.get(k)!r} -> {v!r}"
+            for k, v in current.items()
+            if _comparable(saved.get(k)) != _comparable(v) and k != "run_dir"
+        ]
+        if changed:
+            logger.warning(
+                "resuming step %d with a config that differs from the checkpoint's: %s",
+                step,
+                "; ".join(changed),
+            )
 
     def _warm_start(self, state: TrainState, init_from: str) -> TrainState:
         if self.parts.warm_start is None:
@@ -585,6 +604,10 @@ class Trainer:
         if result.loss_png:
             lines.append(f"  loss curve: {result.loss_png}")
         return "\n".join(lines)
+
+
+def _comparable(value: Any) -> Any:
+    return tuple(_comparable(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def _ema_params(opt_state: Any) -> Any:
