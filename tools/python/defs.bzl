@@ -78,3 +78,11 @@ def meltemi_library_checks(name, lib, meltemi_deps = []):
         deps = [":" + lib],
         python_version = "PY3",
     )
+
+def lint_filegroup(name = "lint_files"):
+    """The package's Python, Starlark and BUILD files, for the root //:lint_test."""
+    native.filegroup(
+        name = name,
+        srcs = native.glob(["*.py", "*.bzl"]) + ["BUILD"],
+        visibility = ["//:__pkg__"],
+    )
