@@ -1,8 +1,8 @@
-"""Multislice on one machine: 2 slice processes (fray LocalCluster) joined by jax.distributed.
+"""Multislice on one machine: 2 slice processes (fray) joined by jax.distributed on loopback.
 
-A slice process is killed mid-run: the gang restarts, resumes from the last checkpoint, and
-the run ends with every step logged once and the losses of an uninterrupted single-process
-run of the same 2-slice layout (1e-5).
+LocalCluster: a slice process is killed mid-run; the gang restarts, resumes from the last
+checkpoint, and the run ends with every step logged once and the losses of an uninterrupted
+single-process run of the same 2-slice layout (1e-5). Ray: the same launcher, same losses.
 """
 
 import os
@@ -15,6 +15,7 @@ import time  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 from _subprocess import DEFAULT  # noqa: E402
 
 from meltemi import fray  # noqa: E402
@@ -47,9 +48,20 @@ def _resolved(run_dir, cache):
     )
 
 
-def test_killed_slice_restarts_the_gang_and_resumes(tmp_path):
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The same 2-slice layout in this process (2 fake devices), never interrupted."""
+    root = tmp_path_factory.mktemp("reference")
+    single = _resolved(root / "single", root / "cache")
+    mesh = make_mesh({"data": 1}, {"data": -1}, num_slices=2, devices=jax.devices()[:2])
+    result = Trainer(single, build_parts(single.config), mesh).run()
+    return [result.losses[s] for s in range(1, STEPS + 1)], root / "cache"
+
+
+def test_killed_slice_restarts_the_gang_and_resumes(tmp_path, reference):
+    losses, cache = reference
     run_dir = tmp_path / "multi"
-    resolved = _resolved(run_dir, tmp_path / "cache")
+    resolved = _resolved(run_dir, cache)
     killed = []
 
     def kill_slice_one(cluster, group, attempt):
@@ -76,13 +88,15 @@ def test_killed_slice_restarts_the_gang_and_resumes(tmp_path):
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
 
-    # The same 2-slice layout in this process (2 fake devices), never interrupted.
-    single = _resolved(tmp_path / "single", tmp_path / "cache")
-    mesh = make_mesh({"data": 1}, {"data": -1}, num_slices=2, devices=jax.devices()[:2])
-    reference = Trainer(single, build_parts(single.config), mesh).run()
-    np.testing.assert_allclose(
-        [r["train/loss"] for r in records],
-        [reference.losses[s] for s in range(1, STEPS + 1)],
-        rtol=1e-5,
-        atol=1e-5,
-    )
+    np.testing.assert_allclose([r["train/loss"] for r in records], losses, rtol=1e-5, atol=1e-5)
+
+
+def test_the_same_launcher_runs_on_ray(tmp_path, reference):
+    from meltemi.fray.ray import RayCluster
+
+    losses, cache = reference
+    run_dir = tmp_path / "ray"
+    with RayCluster(num_cpus=2, include_dashboard=False) as cluster:
+        assert launch_multislice(_resolved(run_dir, cache), cluster=cluster) == 0
+    records = read_metrics(run_dir / "metrics.jsonl")
+    np.testing.assert_allclose([r["train/loss"] for r in records], losses, rtol=1e-5, atol=1e-5)
