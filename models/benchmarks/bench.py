@@ -55,6 +55,21 @@ def train_step(cfg: mm.ModelConfig, tokens: np.ndarray, repeats: int) -> dict:
     model = _model(cfg)
     step = eqx.filter_jit(eqx.filter_value_and_grad(lambda m, t: m.loss(t)))
     seconds = _best_time(lambda: step(model, tokens), repeats)
+    analytic = mm.flops_per_token(cfg, tokens.shape[1])
+    xla_flops = _xla_flops_per_token(cfg, tokens)
+    return {
+        "params": mm.param_count(cfg),
+        "tokens_per_s": round(tokens.size / seconds, 1),
+        "xla_flops_per_token": round(xla_flops),
+        "analytic_6n_attention_flops_per_token": round(analytic),
+        "xla_over_analytic": round(xla_flops / analytic, 3),
+        "xla_over_analytic_remat_none": round(
+            _xla_flops_per_token(cfg.replace(remat="none"), tokens) / analytic, 3
+        ),
+    }
+
+
+def _xla_flops_per_token(cfg: mm.ModelConfig, tokens: np.ndarray) -> float:
     # XLA's cost analysis counts a scan body once, so count FLOPs on the unrolled model.
     unrolled = eqx.filter_eval_shape(
         mm.Transformer.init, cfg.replace(scan_layers=False), key=jax.random.key(0)
@@ -62,15 +77,7 @@ def train_step(cfg: mm.ModelConfig, tokens: np.ndarray, repeats: int) -> dict:
     grad = jax.jit(jax.value_and_grad(lambda m, t: m.loss(t)))
     cost = grad.lower(unrolled, tokens).cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
-    xla_flops = float(cost.get("flops", float("nan"))) / tokens.size
-    analytic = mm.flops_per_token(cfg, tokens.shape[1])
-    return {
-        "params": mm.param_count(cfg),
-        "tokens_per_s": round(tokens.size / seconds, 1),
-        "xla_flops_per_token": round(xla_flops),
-        "analytic_6n_attention_flops_per_token": round(analytic),
-        "xla_over_analytic": round(xla_flops / analytic, 3),
-    }
+    return float(cost.get("flops", float("nan"))) / tokens.size
 
 
 def decode(cfg: mm.ModelConfig, repeats: int, new_tokens: int) -> dict:

@@ -183,3 +183,17 @@ def test_bfloat16_checkpoint_loads_in_transformers(llama_dir, tmp_path):
     assert reloaded.dtype == torch.bfloat16
     ours, _ = hf.load(tmp_path)
     assert ours.embed.weight.dtype == jnp.bfloat16
+
+
+def test_original_gpt2_layout_loads_and_reports_its_mask_buffers(tmp_path):
+    from meltemi.models._safetensors import write_file
+
+    cfg = mm.get_preset("tiny-gpt2")
+    source = H.save_hf(H.random_hf_model(cfg), tmp_path / "hf")
+    tensors = {k.removeprefix("transformer."): v for k, v in _all_tensors(source).items()}
+    tensors["h.0.attn.bias"] = np.tril(np.ones((1, 1, 64, 64), np.float32))  # old causal mask
+    (tmp_path / "old").mkdir()
+    write_file(tmp_path / "old" / "model.safetensors", tensors)
+    (tmp_path / "old" / "config.json").write_text((source / "config.json").read_text())
+    _, report = hf.warm_start(tmp_path / "old", cfg)
+    assert report.exact and report.ignored == ("transformer.h.0.attn.bias",)  # normalised name

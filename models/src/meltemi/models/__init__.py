@@ -6,6 +6,7 @@
 ('llama', 3)
 """
 
+from meltemi.models import hf
 from meltemi.models._axes import AXIS_NAMES
 from meltemi.models._config import (
     ACTIVATIONS,
@@ -36,6 +37,7 @@ __all__ = [
     "SamplingConfig",
     "Transformer",
     "generate",
+    "hf",
     "init",
     "ACTIVATIONS",
     "FAMILIES",

@@ -194,13 +194,11 @@ def specs_for(config: ModelConfig) -> list[Spec]:
     return _gpt2(config) if config.family == "gpt2" else _llama_like(config)
 
 
-# Non-parameter buffers some HF checkpoints carry (old GPT-2 files): skipped, and reported.
-IGNORABLE_SUFFIXES = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")
-
-
 def is_ignorable(key: str, config: ModelConfig) -> bool:
+    """Non-parameter buffers some HF checkpoints carry (old GPT-2 causal masks, rotary
+    frequencies): skipped on load, and reported."""
     if config.family == "gpt2" and key.endswith((".attn.bias", ".attn.masked_bias")):
-        return not key.endswith("c_attn.bias")
+        return True
     return key.endswith("rotary_emb.inv_freq")
 
 

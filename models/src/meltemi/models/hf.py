@@ -36,7 +36,7 @@ import numpy as np
 
 from meltemi.models import _hf_keys
 from meltemi.models._config import ConfigError, ModelConfig
-from meltemi.models._hf_config import HfConfigError, from_hf_config, to_hf_config
+from meltemi.models._hf_config import from_hf_config, to_hf_config
 from meltemi.models._safetensors import DEFAULT_SHARD_BYTES, read_sharded, write_sharded
 from meltemi.models._transformer import Transformer, _jit_init
 
@@ -313,6 +313,13 @@ def _save_tokenizer(tokenizer: Any, directory: pathlib.Path) -> list[str]:
     return written
 
 
+def _architecture(config: ModelConfig) -> dict[str, Any]:
+    hf_config = to_hf_config(config)
+    hf_config.pop("bos_token_id")
+    hf_config.pop("eos_token_id")
+    return hf_config
+
+
 def save(
     model: Transformer,
     config: ModelConfig | None,
@@ -342,7 +349,7 @@ def save(
     """
     directory = pathlib.Path(directory)
     config = config or model.config
-    if to_hf_config(config) != to_hf_config(model.config):
+    if _architecture(config) != _architecture(model.config):
         raise ConfigError(
             "save(model, config, ...): config describes a different architecture than "
             f"model.config ({config.family} vs {model.config.family}, or different sizes); "
@@ -384,6 +391,3 @@ def save(
     )
     written += [*shards, "model.safetensors.index.json"]
     return written
-
-
-_ = HfConfigError
