@@ -121,3 +121,9 @@ def test_moe_active_count_is_smaller_than_total():
     cfg = get_preset("mixtral-8x7b")
     total, active = param_count(cfg), param_count(cfg, active=True)
     assert round(total / 1e9, 1) == 46.7 and round(active / 1e9, 1) == 12.9
+
+
+def test_legacy_gemma_gelu_means_the_tanh_approximation():
+    d = to_hf_config(get_preset("gemma-2b"))
+    d["hidden_act"] = "gelu"
+    assert from_hf_config(d).activation == "gelu_tanh"

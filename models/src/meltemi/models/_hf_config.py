@@ -190,6 +190,11 @@ def from_hf_config(d: dict[str, Any]) -> ModelConfig:
         )
     family = _FAMILY_OF_TYPE[model_type]
     act_name = _get(d, "activation_function", "hidden_act", "hidden_activation", default="silu")
+    if family == "gemma":
+        # Official Gemma configs say hidden_act="gelu" but mean the tanh approximation, as
+        # transformers does; a hidden_activation key, where present, takes precedence.
+        act_name = d.get("hidden_activation") or act_name
+        act_name = "gelu_pytorch_tanh" if act_name == "gelu" else act_name
     if act_name not in _ACT_FROM_HF:
         raise HfConfigError(
             f"config.json activation {act_name!r} is not supported; supported: "
