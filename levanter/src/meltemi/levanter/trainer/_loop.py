@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import meltemi.haliax as hax
+from meltemi.data import Prefetcher
 from meltemi.levanter.checkpoint import Checkpointer, RetentionPolicy, step_dir
 from meltemi.levanter.config import ResolvedConfig, flatten
 from meltemi.levanter.mesh import COMPUTE_RULES, PARAMETER_RULES, make_mesh
@@ -294,15 +295,17 @@ class Trainer:
             for k, v in example.items()
         }
 
-    def batch(self, step: int) -> dict[str, jax.Array]:
-        """The global batch of `step` (this process reads only its own rows)."""
+    def host_batch(self, step: int) -> Mapping[str, np.ndarray]:
+        """This process's rows of the batch of `step` (numpy)."""
         size = self.batch_sizes.size_at(step)
         offset = self.batch_sizes.rows_before(step)
-        count = jax.process_count()
-        per = size // count
+        per = size // jax.process_count()
         start = offset + jax.process_index() * per
-        local = self.parts.train_data.sequences(np.arange(start, start + per, dtype=np.int64))
-        return global_batch(local, self.mesh)
+        return self.parts.train_data.sequences(np.arange(start, start + per, dtype=np.int64))
+
+    def batch(self, step: int) -> dict[str, jax.Array]:
+        """The global batch of `step` on the mesh (this process reads only its own rows)."""
+        return global_batch(self.host_batch(step), self.mesh)
 
     # -- evaluation ---------------------------------------------------------------------------
 
@@ -461,15 +464,23 @@ class Trainer:
             if on_step:
                 on_step(record["step"], record)
 
+        # Batches are read and put on the devices by a background thread, two steps ahead.
+        batches = cleanup.enter_context(
+            Prefetcher(
+                self.host_batch,
+                range(start, end),
+                depth=2,
+                transform=lambda b: global_batch(b, self.mesh),
+            )
+        )
         with _Preemption() as preemption:
-            for step in range(start, end):
+            for step, batch in batches:
                 size = self.batch_sizes.size_at(step)
                 if size not in self._compiled:  # a new batch size: compile time is a pause
                     pause_start = time.perf_counter()
                     self.compiled_step(size)
                     paused += time.perf_counter() - pause_start
                 compiled = self._compiled[size]
-                batch = self.batch(step)
                 state, metrics = compiled(state, batch)
                 state_step = step + 1
                 if pending is not None:
