@@ -1,5 +1,8 @@
 """The train binary: a real 2-step run, --print_config, and config errors (exit 2)."""
 
+import subprocess
+import sys
+
 import _subprocess
 
 
@@ -11,6 +14,20 @@ def test_smoke_run_prints_summary_and_loss_curve(tmp_path):
     assert (tmp_path / "run" / "loss.png").exists()
     assert f"loss curve: {tmp_path / 'run' / 'loss.png'}" in proc.stdout
     assert (tmp_path / "run" / "config.json").exists()
+
+    # //levanter:plot redraws the curve from metrics.jsonl.
+    (tmp_path / "run" / "loss.png").unlink()
+    plot = _subprocess.TRAIN.parent / "plot.py"
+    proc = subprocess.run(
+        [sys.executable, str(plot), f"--run_dir={tmp_path / 'run'}"],
+        env=_subprocess.env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == str(tmp_path / "run" / "loss.png")
+    assert (tmp_path / "run" / "loss.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_print_config_shows_provenance_and_exits(tmp_path):

@@ -1,8 +1,9 @@
 """Multislice on one machine: 2 slice processes (fray) joined by jax.distributed on loopback.
 
-LocalCluster: a slice process is killed mid-run; the gang restarts, resumes from the last
-checkpoint, and the run ends with every step logged once and the losses of an uninterrupted
-single-process run of the same 2-slice layout (1e-5). Ray: the same launcher, same losses.
+LocalCluster: a slice process is killed mid-run (the gang restarts and resumes from the last
+checkpoint), then the launcher gets SIGTERM (every slice saves and stops, exit status 75), then
+the job is started again; it ends with every step logged once and the losses of an
+uninterrupted single-process run of the same 2-slice layout (1e-5). Ray: the same launcher.
 """
 
 import os
@@ -24,8 +25,9 @@ from meltemi.levanter.mesh import make_mesh  # noqa: E402
 from meltemi.levanter.tracking import read_metrics  # noqa: E402
 from meltemi.levanter.trainer import Trainer, build_parts, launch_multislice  # noqa: E402
 
-STEPS = 6
+STEPS = 12
 KILL_AT = 3
+TERM_AT = 5
 
 
 def _resolved(run_dir, cache):
@@ -58,36 +60,53 @@ def reference(tmp_path_factory):
     return [result.losses[s] for s in range(1, STEPS + 1)], root / "cache"
 
 
-def test_killed_slice_restarts_the_gang_and_resumes(tmp_path, reference):
+def _when_step(run_dir, step, action):
+    def watch():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            steps = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")]
+            if steps and max(steps) >= step:
+                action(max(steps))
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def test_killed_slice_restarts_the_gang_and_sigterm_stops_it(tmp_path, reference):
     losses, cache = reference
     run_dir = tmp_path / "multi"
     resolved = _resolved(run_dir, cache)
-    killed = []
+    events = []
 
-    def kill_slice_one(cluster, group, attempt):
-        if attempt:
-            return
+    def interrupt(cluster, group, attempt):
+        if attempt == 0:  # a slice process dies: the gang restarts and resumes
 
-        def watch():
-            deadline = time.monotonic() + 300
-            while time.monotonic() < deadline:
-                steps = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")]
-                if steps and max(steps) >= KILL_AT:
-                    pid = next(a.pid for a in cluster.actors() if a.name == "slice/1")
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(max(steps))
-                    return
-                time.sleep(0.05)
+            def kill(step):
+                pid = next(a.pid for a in cluster.actors() if a.name == "slice/1")
+                os.kill(pid, signal.SIGKILL)
+                events.append(("killed", step))
 
-        threading.Thread(target=watch, daemon=True).start()
+            _when_step(run_dir, KILL_AT, kill)
+        elif attempt == 1:  # the job is preempted: every slice saves and stops
+
+            def term(step):
+                events.append(("sigterm", step))
+                os.kill(os.getpid(), signal.SIGTERM)
+
+            _when_step(run_dir, TERM_AT, term)
 
     with fray.LocalCluster(heartbeat_timeout_s=600.0) as cluster:
-        status = launch_multislice(resolved, cluster=cluster, on_start=kill_slice_one)
-    assert status == 0
-    assert killed, "the slice was never killed"
+        status = launch_multislice(resolved, cluster=cluster, on_start=interrupt)
+    assert status == 75, events
+    assert [e[0] for e in events] == ["killed", "sigterm"]
+    stopped_at = max(r["step"] for r in read_metrics(run_dir / "metrics.jsonl"))
+    assert stopped_at < STEPS, events
+
+    with fray.LocalCluster(heartbeat_timeout_s=600.0) as cluster:
+        assert launch_multislice(resolved, cluster=cluster) == 0
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
-
     np.testing.assert_allclose([r["train/loss"] for r in records], losses, rtol=1e-5, atol=1e-5)
 
 

@@ -1,6 +1,15 @@
-"""meltemi.levanter.
+"""meltemi.levanter: the Meltemi trainer and its optimizers.
 
-Optimizers and the multislice trainer binary of the Meltemi stack.
+Subpackages:
+
+- `meltemi.levanter.config`: Python config files, variants, overrides, provenance.
+- `meltemi.levanter.trainer`: the jitted step, the loop, multislice, the dry run.
+- `meltemi.levanter.checkpoint`: asynchronous, verified orbax checkpoints with retention.
+- `meltemi.levanter.mesh`: the device mesh from `mesh.ici` / `mesh.dcn`.
+- `meltemi.levanter.tracking`: metrics.jsonl, TensorBoard files, progress bar, loss curve.
+- `meltemi.levanter.optim`: optimizers as optax transforms, schedules.
+
+The binary: `bazel run //levanter:train -- --config=levanter/configs/default.py`.
 
 >>> import meltemi.levanter
 >>> meltemi.levanter.__version__

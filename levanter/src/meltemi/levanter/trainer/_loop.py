@@ -98,24 +98,38 @@ class RunResult:
     throughput: list[tuple[int, float]] = dataclasses.field(default_factory=list, repr=False)
 
 
+# Set by SIGTERM. A process whose training runs outside the main thread (a fray actor)
+# installs the handler from its main thread with `install_sigterm_handler()`.
+_SIGTERM = threading.Event()
+
+
+def install_sigterm_handler() -> bool:
+    """Makes SIGTERM request a checkpoint-and-stop; True if installed (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    signal.signal(signal.SIGTERM, lambda signum, frame: _SIGTERM.set())
+    return True
+
+
 class _Preemption:
     """Turns SIGTERM into a flag the loop checks after every step."""
 
     def __init__(self):
-        self.requested = False
         self._previous = None
 
     def __enter__(self):
+        _SIGTERM.clear()
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
+            self._previous = signal.signal(signal.SIGTERM, lambda signum, frame: _SIGTERM.set())
         return self
-
-    def _handle(self, signum, frame):
-        self.requested = True
 
     def __exit__(self, *exc):
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
+
+    @property
+    def requested(self) -> bool:
+        return _SIGTERM.is_set()
 
     def agreed(self) -> bool:
         """Whether any process was asked to stop (all processes must stop at the same step)."""

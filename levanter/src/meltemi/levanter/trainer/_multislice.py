@@ -13,10 +13,13 @@ The same launcher runs on fray's Ray backend: pass `cluster=RayCluster(...)`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -28,6 +31,13 @@ logger = logging.getLogger(__name__)
 
 class SliceWorker:
     """One slice of a multislice job: a process holding that slice's devices."""
+
+    def __init__(self):
+        # The constructor runs in the actor process's main thread, calls in worker threads:
+        # only here can SIGTERM be turned into "save a checkpoint and stop".
+        from meltemi.levanter.trainer._loop import install_sigterm_handler
+
+        install_sigterm_handler()
 
     def run(
         self,
@@ -119,7 +129,8 @@ def launch_multislice(
             if on_start is not None:
                 on_start(cluster, group, attempt)
             try:
-                results = [f.result() for f in futures]
+                with _forward_sigterm(cluster, group.name):
+                    results = [f.result() for f in futures]
             except (fray.ActorRestarted, fray.ActorDied, fray.ConnectionLost) as e:
                 if isinstance(e, fray.ActorDied) and "will not be restarted" in str(e):
                     print(f"multislice: giving up: {e}", file=sys.stderr)
@@ -136,6 +147,26 @@ def launch_multislice(
     finally:
         if owned:
             cluster.shutdown()
+
+
+@contextlib.contextmanager
+def _forward_sigterm(cluster: fray.Cluster, name: str):
+    """SIGTERM to the launcher is passed to every slice process: each saves and stops."""
+
+    def forward(signum, frame):
+        for actor in cluster.actors():
+            if actor.group == name and actor.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(actor.pid, signal.SIGTERM)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _restarted(cluster: fray.Cluster, name: str, epoch: int, timeout: float = 120.0):
