@@ -53,3 +53,31 @@ def test_remat_policy_is_a_config_change_with_the_same_losses(tmp_path):
         )
         losses[policy] = list(train(resolved).losses.values())
     np.testing.assert_allclose(losses["full"], losses["none"], rtol=1e-5, atol=1e-5)
+
+
+def test_file_sources_give_one_tagged_eval_set_per_validation_file(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(6):
+        (corpus / f"train{i}.txt").write_text(f"def f{i}(x):\n    return x * {i}\n" * 40)
+    (corpus / "prose.jsonl").write_text(
+        "\n".join('{"text": "%s"}' % ("the quick brown fox. " * 30) for _ in range(4)) + "\n"
+    )
+    (corpus / "code.txt").write_text("for i in range(10):\n    print(i)\n" * 40)
+    resolved = load_config(
+        f"{CONFIGS[0]}:smoke",
+        [
+            ("run_dir", str(tmp_path / "run")),
+            ("data.cache_dir", str(tmp_path / "cache")),
+            ("data.source", "files"),
+            ("data.train_files", repr((str(corpus / "train*.txt"),))),
+            (
+                "data.validation_files",
+                repr((str(corpus / "prose.jsonl"), str(corpus / "code.txt"))),
+            ),
+            ("checkpoint.enabled", "false"),
+        ],
+    )
+    result = train(resolved)
+    assert set(result.eval) == {"prose", "code"}
+    assert all(ev["bpb"] > 0 for ev in result.eval.values())

@@ -112,8 +112,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.optimizer = _optimizer_section()
 
     c.data = ml_collections.ConfigDict()
-    # "stdlib": the Python standard library source shipped with the interpreter.
+    # "stdlib": the Python standard library source shipped with the interpreter (validation:
+    # its held-out modules); "files": data.train_files, and one validation set per entry of
+    # data.validation_files (text, .jsonl[.gz|.zst] with a "text" field, or .parquet).
     c.data.source = "stdlib"
+    c.data.train_files = FieldReference((), field_type=object)
+    c.data.validation_files = FieldReference((), field_type=object)
     c.data.tokenizer = "byte"
     c.data.seq_len = 128
     # Empty: ~/.cache/meltemi/data (or $MELTEMI_CACHE/data).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import pathlib
@@ -19,7 +21,7 @@ from meltemi.levanter.trainer._parts import EvalSet, RunParts
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("stdlib",)
+SOURCES = ("stdlib", "files")
 
 
 class BuildError(ValueError):
@@ -49,24 +51,56 @@ def make_tokenizer(name: str) -> md.Tokenizer:
     return md.HfTokenizer(str(path))
 
 
-def build_stores(config, tokenizer: md.Tokenizer) -> tuple[md.TokenStore, md.TokenStore]:
-    """The train and validation token stores (built once, then reopened from the cache)."""
-    source = config.data.source
-    if source not in SOURCES:
-        raise BuildError(f"data.source={source!r}: known sources are {SOURCES}.")
-    root = cache_dir(config) / f"{source}-{tokenizer.fingerprint()[:12]}"
-    stores = []
-    for split in ("train", "validation"):
-        path = root / split
-        if jax.process_index() == 0:
-            store = md.build_store([md.stdlib_corpus(split)], tokenizer, path)
-        if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
+def _file_source(name: str, paths: tuple[str, ...]) -> md.Source:
+    first = paths[0].lower()
+    if ".jsonl" in first or first.endswith(".json"):
+        return md.JsonlFiles(name, paths)
+    if first.endswith(".parquet"):
+        return md.ParquetFiles(name, paths)
+    return md.TextFiles(name, paths)
 
-            multihost_utils.sync_global_devices(f"meltemi store {split}")
-        store = md.TokenStore.open(path, tokenizer)
-        stores.append(store)
-    return stores[0], stores[1]
+
+def _sources(config) -> tuple[md.Source, dict[str, md.Source]]:
+    """The train source and the validation sources by name."""
+    data = config.data
+    if data.source == "stdlib":
+        return md.stdlib_corpus("train"), {"stdlib": md.stdlib_corpus("validation")}
+    if data.source == "files":
+        if not data.train_files:
+            raise BuildError(
+                "data.source='files' needs data.train_files: a tuple of paths or globs, e.g. "
+                "--config.data.train_files=\"('corpus/*.jsonl',)\"."
+            )
+        validation = {}
+        for entry in data.validation_files:
+            name = pathlib.Path(entry).name.split(".")[0].replace("*", "all") or "validation"
+            validation[name] = _file_source(name, (entry,))
+        return _file_source("train", tuple(data.train_files)), validation
+    raise BuildError(f"data.source={data.source!r}: known sources are {SOURCES}.")
+
+
+def _store(path: pathlib.Path, source: md.Source, tokenizer: md.Tokenizer) -> md.TokenStore:
+    if jax.process_index() == 0:
+        md.build_store([source], tokenizer, path)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(f"meltemi store {path}")
+    return md.TokenStore.open(path, tokenizer)
+
+
+def build_stores(config, tokenizer: md.Tokenizer) -> tuple[md.TokenStore, dict[str, md.TokenStore]]:
+    """The train store and one store per validation set (built once, then reopened)."""
+    train, validation = _sources(config)
+    key = hashlib.sha256(
+        json.dumps(
+            [train.fingerprint(), {k: v.fingerprint() for k, v in validation.items()}]
+        ).encode()
+    ).hexdigest()[:12]
+    root = cache_dir(config) / f"{config.data.source}-{tokenizer.fingerprint()[:12]}-{key}"
+    stores = {name: _store(root / f"validation-{name}", src, tokenizer)
+              for name, src in validation.items()}  # fmt: skip
+    return _store(root / "train", train, tokenizer), stores
 
 
 def model_config(config, tokenizer: md.Tokenizer) -> mm.ModelConfig:
@@ -129,17 +163,18 @@ def utf8_bytes(batch, tokenizer: md.Tokenizer) -> int:
     return total
 
 
-def eval_sets(config, store: md.TokenStore, tokenizer: md.Tokenizer) -> list[EvalSet]:
-    """`eval.num_batches` fixed batches of the validation split, with their byte counts."""
-    ds = md.PackedDataset(
-        store, seq_len=config.data.seq_len, batch_size=config.eval.batch_size, seed=0
-    )
+def eval_sets(config, stores: dict[str, md.TokenStore], tokenizer: md.Tokenizer) -> list[EvalSet]:
+    """`eval.num_batches` fixed batches of each validation set, with their byte counts."""
     if config.eval.num_batches <= 0:
         return []
+    out = []
     n = config.eval.batch_size
-    batches = [ds.sequences(np.arange(i * n, (i + 1) * n)) for i in range(config.eval.num_batches)]
-    num_bytes = sum(utf8_bytes(b, tokenizer) for b in batches)
-    return [EvalSet(config.data.source, batches, num_bytes)]
+    for name, store in stores.items():
+        ds = md.PackedDataset(store, seq_len=config.data.seq_len, batch_size=n, seed=0)
+        count = min(config.eval.num_batches, max(1, ds.num_sequences // n))
+        batches = [ds.sequences(np.arange(i * n, (i + 1) * n)) for i in range(count)]
+        out.append(EvalSet(name, batches, sum(utf8_bytes(b, tokenizer) for b in batches)))
+    return out
 
 
 def make_warm_start(template_prefix: str = "params"):
@@ -163,7 +198,7 @@ def build_parts(config, mesh: jax.sharding.Mesh | None = None) -> RunParts:
     """Everything a run needs, from the config."""
     del mesh  # the stores and model do not depend on it
     tokenizer = make_tokenizer(config.data.tokenizer)
-    train_store, val_store = build_stores(config, tokenizer)
+    train_store, val_stores = build_stores(config, tokenizer)
     mcfg = model_config(config, tokenizer)
     seq_len = config.data.seq_len
     train = md.PackedDataset(
@@ -186,7 +221,7 @@ def build_parts(config, mesh: jax.sharding.Mesh | None = None) -> RunParts:
         metrics_fn=optim.metrics,
         train_data=train,
         seq_len=seq_len,
-        eval_sets=eval_sets(config, val_store, tokenizer),
+        eval_sets=eval_sets(config, val_stores, tokenizer),
         describe=f"{config.model.preset} ({mcfg.family}, {params / 1e6:.2f}M params)",
         flops_per_token=mm.flops_per_token(mcfg, seq_len),
         warm_start=make_warm_start(),
