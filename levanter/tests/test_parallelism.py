@@ -79,3 +79,26 @@ def test_checkpoint_restores_onto_a_different_mesh(setup):
         rtol=1e-5,
         atol=1e-5,
     )
+
+
+def test_expert_parallelism_gives_the_single_device_losses(setup):
+    root, resolved, _, _ = setup
+    config = resolved.config.copy_and_resolve_references()
+    config.model.preset = "tiny-mixtral"
+    config.model.num_experts = 4
+    config.checkpoint.enabled = False
+    losses = {}
+    for name, mesh in (
+        ("one", make_mesh({"data": 1}, devices=jax.devices()[:1])),
+        ("expert", make_mesh({"data": 1, "fsdp": 2, "expert": 4})),
+    ):
+        config.run_dir = str(root / f"moe-{name}")
+        run = type(resolved)(config, resolved.provenance, resolved.spec)
+        losses[name] = Trainer(run, build_parts(config), mesh).run().losses
+    steps = sorted(losses["one"])
+    np.testing.assert_allclose(
+        [losses["expert"][s] for s in steps],
+        [losses["one"][s] for s in steps],
+        rtol=1e-5,
+        atol=1e-5,
+    )

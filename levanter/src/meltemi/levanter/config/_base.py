@@ -29,6 +29,9 @@ def _model_section() -> ml_collections.ConfigDict:
         kind = str(field.type).replace(" | None", "")
         section[field.name] = placeholder(_SIMPLE.get(kind, object))
     section.rope_theta = placeholder(float)
+    # Mixture-of-experts presets only (MoeConfig.num_experts / top_k).
+    section.num_experts = placeholder(int)
+    section.num_experts_per_token = placeholder(int)
     return section
 
 

@@ -110,12 +110,28 @@ def model_config(config, tokenizer: md.Tokenizer) -> mm.ModelConfig:
     except (KeyError, ValueError, mm.ConfigError) as e:
         raise BuildError(f"model.preset={config.model.preset!r}: {e}") from None
     changes: dict[str, Any] = {}
+    special = ("preset", "rope_theta", "num_experts", "num_experts_per_token")
     for key, value in config.model.items():
-        if key in ("preset", "rope_theta") or value is None:
+        if key in special or value is None:
             continue
         changes[key] = value
     if config.model.rope_theta is not None:
         changes["rope"] = base.rope.replace(theta=float(config.model.rope_theta))
+    moe = {}
+    if config.model.num_experts is not None:
+        moe["num_experts"] = config.model.num_experts
+    if config.model.num_experts_per_token is not None:
+        moe["top_k"] = config.model.num_experts_per_token
+    if moe:
+        if base.moe is None:
+            raise BuildError(
+                f"model.num_experts / model.num_experts_per_token: preset "
+                f"{config.model.preset!r} has no experts; use an MoE preset (e.g. tiny-mixtral)."
+            )
+        try:
+            changes["moe"] = base.moe.replace(**moe)
+        except mm.ConfigError as e:
+            raise BuildError(f"model.num_experts*: {e}") from None
     changes["vocab_size"] = tokenizer.vocab_size
     changes["bos_token_id"] = tokenizer.bos_id
     changes["eos_token_id"] = tokenizer.eos_id
