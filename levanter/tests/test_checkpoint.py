@@ -138,3 +138,10 @@ def test_saved_config_is_readable(tmp_path):
     ckpt = Checkpointer(tmp_path)
     _save_steps(ckpt, [1])
     assert ckpt.read_config(1) == {"name": "t"}
+
+
+def test_checkpoint_is_due_by_minutes(tmp_path):
+    ckpt = Checkpointer(tmp_path, RetentionPolicy(save_every_minutes=5.0))
+    assert ckpt.due(7) is None
+    ckpt._last_save_time -= 5 * 60 + 1
+    assert ckpt.due(7) == "temporary"

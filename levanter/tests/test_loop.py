@@ -108,3 +108,39 @@ def test_resuming_with_a_changed_config_warns_with_the_differences(tmp_path, cap
     with caplog.at_level("WARNING"):
         _run(_tiny.config(tmp_path, **{"trainer.z_loss": 0.5}))
     assert "trainer.z_loss: 0.0001 -> 0.5" in caplog.text
+
+
+def test_microbatches_that_do_not_divide_the_batch_are_rejected(tmp_path):
+    import pytest
+
+    from meltemi.levanter.trainer import TrainerError
+
+    config = _tiny.config(tmp_path, **{"trainer.microbatches": 3})
+    with pytest.raises(
+        TrainerError, match=r"trainer.microbatches=3 does not divide the batch size 8"
+    ):
+        Trainer(ResolvedConfig(config, {}), _tiny.parts(), _tiny.one_device_mesh())
+
+
+def test_malformed_batch_schedule_names_the_key_and_the_format(tmp_path):
+    import pytest
+
+    from meltemi.levanter.trainer import BatchScheduleError
+
+    config = _tiny.config(tmp_path, **{"trainer.batch_schedule": "0:8,100"})
+    with pytest.raises(
+        BatchScheduleError, match=r"trainer.batch_schedule='0:8,100': '100' is not STEP:SIZE"
+    ):
+        Trainer(ResolvedConfig(config, {}), _tiny.parts(), _tiny.one_device_mesh())
+
+
+def test_unknown_compute_dtype_lists_the_choices(tmp_path):
+    import pytest
+
+    from meltemi.levanter.trainer import TrainerError
+
+    config = _tiny.config(tmp_path, **{"trainer.compute_dtype": "bf16"})
+    with pytest.raises(
+        TrainerError, match=r"trainer.compute_dtype='bf16': use one of \['bfloat16'"
+    ):
+        Trainer(ResolvedConfig(config, {}), _tiny.parts(), _tiny.one_device_mesh())
