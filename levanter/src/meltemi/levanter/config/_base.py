@@ -72,10 +72,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.trainer.batch_schedule = ""
     # Gradient accumulation: each step's batch is split into this many microbatches.
     c.trainer.microbatches = 1
-    c.trainer.param_dtype = "float32"
+    # Parameters, gradients and optimizer state are float32; the forward and backward pass
+    # run in this dtype (float32 or bfloat16).
     c.trainer.compute_dtype = "float32"
     c.trainer.z_loss = 1e-4
-    c.trainer.log_every = 1
     c.trainer.progress_bar = True
     # Peak FLOP/s per device for MFU; 0 measures a matmul at start-up.
     c.trainer.peak_flops_per_device = 0.0
