@@ -522,7 +522,7 @@ class Trainer:
                     )
                 paused += time.perf_counter() - pause_start
                 if stop:
-                    result.preempted = True
+                    result.preempted = state_step < num_steps
                     break
             evaluated = config.eval.every_steps and num_steps % config.eval.every_steps == 0
             if pending is not None and state_step == num_steps and not evaluated:
