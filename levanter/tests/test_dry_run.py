@@ -1,12 +1,23 @@
 """--dry_run compiles a big preset on a virtual mesh and reports memory, FLOPs and tokens."""
 
 import pathlib
+import re
 import subprocess
 import sys
 
 import _subprocess
+import pytest
+
+from meltemi.levanter.config import load_config
+from meltemi.levanter.trainer import DryRunReport, TrainerError, dry_run
 
 MARIN = pathlib.Path(__file__).parent.parent / "configs" / "marin_32b.py"
+
+
+def _gib(out: str, label: str) -> float:
+    match = re.search(re.escape(label) + r"\s+([0-9.]+) GiB", out)
+    assert match, (label, out)
+    return float(match.group(1))
 
 
 def test_marin_32b_dry_run_on_virtual_fsdp_mesh(tmp_path):
@@ -26,13 +37,61 @@ def test_marin_32b_dry_run_on_virtual_fsdp_mesh(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
-    assert "dry run: marin-32b, 31.21B parameters" in out, out
+    # The preset's Llama 3 vocabulary, not the byte tokenizer's stand-in 259.
+    assert "dry run: marin-32b, 32.52B parameters (vocab 128,256)" in out, out
     assert "mesh: 256 devices (fsdp=256)" in out
-    assert "tokens per step: 4,194,304" in out
-    args = float(out.split("arguments (params, optimizer state, batch):")[1].split("GiB")[0])
-    # 31.2B params x (4 B weights + 8 B Adam moments + 4 B EMA) / 256 devices = 1.82 GiB.
-    assert 1.7 < args < 2.0, out
-    # Temporaries are reported but not bounded here: the models do not constrain activation
-    # shardings yet, so XLA keeps the batch unsplit inside the layers (see the README).
-    assert float(out.split("temporaries (activations, gradients):")[1].split("GiB")[0]) > 0
+    assert "tokens per step: 4,194,304 (16,384 per device)" in out
+    # 32.52B params x (4 B weights + 8 B Adam moments + 4 B EMA) / 256 devices = 1.89 GiB.
+    assert 1.8 < _gib(out, "arguments (params, optimizer state, batch):") < 2.0, out
+    # Temporaries, derived for one device: 1024 x 4096 tokens / 256 = 4 sequences (16,384
+    # tokens). The remat policy keeps one bf16 residual per layer: 64 x 16,384 x 5120 x 2 B
+    # = 10 GiB (printed exactly below). The backward pass then recomputes one layer at a
+    # time; its largest tensors are the attention scores, 4 x 40 heads x 4096^2 = 2.7e9
+    # values = 10 GiB each in float32 (XLA:CPU computes bf16 in f32), of which scores,
+    # probabilities and their gradients are live together (~30 GiB); XLA:CPU also keeps an
+    # f32 copy of the saved residuals (20 GiB). The MLP (16,384 x 27,648 x 4 B = 1.7 GiB per
+    # tensor), the logits (16,384 x 128,256 x 4 B = 7.8 GiB) and the layer's gathered weights
+    # (~1 GiB) are smaller and not live at the attention peak. Order of magnitude: 10 + 20 +
+    # 30 = 60 GiB. Without activation sharding constraints XLA kept the whole batch on every
+    # device (2,715 GiB); without remat every layer's internals are kept (2,234 GiB).
+    assert "keeps one residual per layer: 10.00 GiB" in out, out
+    assert 30 < _gib(out, "temporaries (activations, gradients):") < 90, out
+    assert "fits on: A100/H100 80GB, TPU v5p, H200" in out, out
     assert not (tmp_path / "run").exists()
+
+
+def _report(**changes) -> DryRunReport:
+    gib = 1024**3
+    fields = dict(
+        preset="p",
+        num_devices=4,
+        mesh={"fsdp": 4},
+        num_params=10**9,
+        vocab_size=259,
+        tokens_per_step=4096,
+        tokens_per_device=1024,
+        model_flops_per_step=1e15,
+        compiled_flops_per_device=None,
+        argument_bytes=2 * gib,
+        output_bytes=gib,
+        temp_bytes=20 * gib,
+        alias_bytes=gib,
+        code_bytes=0,
+        compile_s=1.0,
+    )
+    return DryRunReport(**{**fields, **changes})
+
+
+def test_report_says_whether_the_total_fits_the_given_hbm():
+    assert "vs 16 GiB of HBM per device: does NOT fit (138%)" in _report(hbm_gib=16).format()
+    assert "vs 32 GiB of HBM per device: fits (69%)" in _report(hbm_gib=32).format()
+
+
+def test_report_lists_the_accelerators_the_total_fits_on():
+    assert "fits on: TPU v4, TPU v6e, A100 40GB" in _report().format()
+
+
+def test_non_positive_hbm_is_rejected_with_the_fix():
+    resolved = load_config(f"{MARIN}:smoke", [])
+    with pytest.raises(TrainerError, match=r"hbm_gib=0 must be a positive number of GiB"):
+        dry_run(resolved, 1, hbm_gib=0)

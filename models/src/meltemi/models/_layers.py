@@ -10,9 +10,30 @@ import jax.numpy as jnp
 
 import meltemi.haliax as hax
 import meltemi.haliax.nn as hnn
+from meltemi.haliax import partitioning
 from meltemi.haliax.nn.attention import dot_product_attention
 from meltemi.models._axes import EMBED, HEAD_SIZE, KEY_POSITION, POSITION, ModelAxes
 from meltemi.models._config import ModelConfig
+
+
+def constrain(x: hax.NamedArray) -> hax.NamedArray:
+    """Pins an activation's sharding to the active axis mapping (`hax.axis_mapping`).
+
+    Under FSDP the parameters are sharded along `embed` while the batch is split over the
+    same devices; without a constraint XLA's propagation may keep every layer's activations
+    whole (the full batch on each device) and gather them instead of the weights. Constraining
+    the activations by name (`batch -> data axes`, `embed -> None`, ...) makes it gather the
+    weights. Identity when no mapping is active, so single-device use and code that only sets
+    a mesh (`jax.set_mesh`) are unaffected.
+
+    >>> import meltemi.haliax as hax
+    >>> x = hax.ones((hax.Axis("batch", 3), hax.Axis("embed", 5)))
+    >>> constrain(x) is x
+    True
+    """
+    if partitioning.current_thread_local_mapping() is None:
+        return x
+    return hax.shard(x)
 
 
 def raw_activation(name: str):
@@ -98,7 +119,7 @@ class DenseMlp(eqx.Module):
             h = act(self.up_proj(x))
         else:
             h = act(self.gate_proj(x)) * self.up_proj(x)
-        return self.down_proj(h)
+        return self.down_proj(constrain(h))
 
 
 class LayerCache(eqx.Module):
@@ -153,9 +174,9 @@ def attend(
     slot `cache_index` of the cache and the queries attend over all its slots (`mask` then
     covers the cache's `key_position`).
     """
-    q = attn.q_proj(x)
-    k = attn.k_proj(x)
-    v = attn.v_proj(x)
+    q = constrain(attn.q_proj(x))
+    k = constrain(attn.k_proj(x))
+    v = constrain(attn.v_proj(x))
     if attn.q_norm is not None:
         q = attn.q_norm(q)
     if attn.k_norm is not None:
@@ -172,5 +193,5 @@ def attend(
         k = hax.updated_slice(cache.k, start, k.astype(cache.k.dtype))
         v = hax.updated_slice(cache.v, start, v.astype(cache.v.dtype))
         new_cache = LayerCache(k, v)
-    out = dot_product_attention(KEY_POSITION, HEAD_SIZE, q, k, v, mask=mask)
+    out = constrain(dot_product_attention(KEY_POSITION, HEAD_SIZE, q, k, v, mask=mask))
     return attn.o_proj(out), new_cache

@@ -12,7 +12,7 @@ from meltemi.haliax import random as hrandom
 from meltemi.models import _moe_kernels as K
 from meltemi.models._axes import BATCH, EMBED, EXPERTS, MLP, POSITION, ModelAxes
 from meltemi.models._config import ModelConfig, MoeConfig
-from meltemi.models._layers import activation, raw_activation
+from meltemi.models._layers import activation, constrain, raw_activation
 
 
 def _expert_weight(key: jax.Array, axes: tuple[hax.Axis, ...], fan_in: int) -> hax.NamedArray:
@@ -97,10 +97,10 @@ class MoeMlp(eqx.Module):
         dispatch = hax.named(dispatch.astype(x.dtype), axes)
         combine = hax.named(combine.astype(x.dtype), axes)
         # (batch, experts, capacity, embed): sharded like the expert weights by the mapping.
-        expert_in = hax.shard(hax.dot(dispatch, x, axis=POSITION))
+        expert_in = constrain(hax.dot(dispatch, x, axis=POSITION))
         gate = hax.dot(expert_in, self.gate_proj, axis=EMBED)
         up = hax.dot(expert_in, self.up_proj, axis=EMBED)
         h = activation(self.act)(gate) * up
-        expert_out = hax.shard(hax.dot(h, self.down_proj, axis=MLP))
+        expert_out = constrain(hax.dot(h, self.down_proj, axis=MLP))
         y = hax.dot(combine, expert_out, axis=(EXPERTS, "capacity"))
         return y.rearrange((BATCH, POSITION, EMBED)), kept

@@ -23,7 +23,14 @@ from meltemi.models._axes import (
     ModelAxes,
 )
 from meltemi.models._config import ConfigError, ModelConfig
-from meltemi.models._layers import DenseMlp, LayerCache, attend, make_attention, make_norm
+from meltemi.models._layers import (
+    DenseMlp,
+    LayerCache,
+    attend,
+    constrain,
+    make_attention,
+    make_norm,
+)
 from meltemi.models._moe import MoeMlp
 
 Tokens = hax.NamedArray | jax.Array | np.ndarray
@@ -58,6 +65,9 @@ class Block(eqx.Module):
         cache: LayerCache | None,
         cache_index: hax.NamedArray | None,
     ) -> tuple[hax.NamedArray, tuple[dict[str, jax.Array], LayerCache | None]]:
+        # The residual stream is the scan's carry (what `save_carries` keeps per layer): pin
+        # it to the mapping at both ends of the block so the saved carries are batch-sharded.
+        x = constrain(x)
         h, new_cache = attend(
             self.attn,
             self.attn_norm(x),
@@ -66,13 +76,13 @@ class Block(eqx.Module):
             cache=cache,
             cache_index=cache_index,
         )
-        x = x + h
+        x = constrain(x + h)
         h = self.mlp_norm(x)
         if isinstance(self.mlp, MoeMlp):
             h, stats = self.mlp(h, token_mask=token_mask)
         else:
             h, stats = self.mlp(h), {}
-        return x + h, (stats, new_cache)
+        return constrain(x + h), (stats, new_cache)
 
 
 def as_tokens(tokens: Tokens, what: str = "tokens") -> tuple[hax.NamedArray, bool]:
@@ -171,7 +181,7 @@ class Transformer(eqx.Module):
             x = x * jnp.asarray(math.sqrt(self.config.hidden_dim), x.dtype)
         if self.pos_embed is not None:
             x = x + self.pos_embed.embed(positions)
-        return x
+        return constrain(x)
 
     def _run_blocks(
         self,
@@ -187,8 +197,8 @@ class Transformer(eqx.Module):
 
     def _project(self, hidden: hax.NamedArray) -> hax.NamedArray:
         if self.lm_head is None:
-            return self.embed.unembed(hidden)
-        return self.lm_head(hidden)
+            return constrain(self.embed.unembed(hidden))
+        return constrain(self.lm_head(hidden))
 
     def _hidden(
         self,
