@@ -126,3 +126,69 @@ def test_mixture_errors_name_the_fix(parts):
         MixtureDataset(parts, {"code": 1.0}, batch_size=10, stop="never")
     with pytest.raises(KeyError, match="unknown component 'web'"):
         MixtureDataset(parts, {"code": 1.0}, batch_size=10).steps_of("web", 0, max_step=1)
+
+
+SCHEDULE = [(0, 4), (3, 8), (5, 12)]
+
+
+def test_batch_schedule_steps_read_consecutive_rows_with_exact_counts(parts):
+    mix = MixtureDataset(parts, {"code": 0.5, "prose": 0.25, "math": 0.25}, batch_size=SCHEDULE)
+    assert mix.block_size == 4 and mix.batch_size is None
+    assert [mix.rows_before(s) for s in range(7)] == [0, 4, 8, 12, 20, 28, 40]
+    for step in range(7):
+        size = mix.batch_size_at(step)
+        start = mix.rows_before(step)
+        b = mix.batch(step)
+        rows = mix.sequences(np.arange(start, start + size))
+        for key in b:
+            assert np.array_equal(b[key], rows[key]), (step, key)
+        counts = np.bincount(b["component"], minlength=3).tolist()
+        assert counts == [size // 2, size // 4, size // 4]
+
+
+def test_a_constant_batch_size_reads_row_step_times_size_plus_row(parts):
+    mix = MixtureDataset(parts, {"code": 0.6, "prose": 0.4}, batch_size=10, seed=5)
+    b = mix.batch(3)
+    rows = mix.sequences(np.arange(30, 40))
+    assert all(np.array_equal(b[k], rows[k]) for k in b)
+
+
+def test_stage_switches_at_its_step_under_a_batch_schedule(parts):
+    stages = [(0, {"code": 1.0}), (4, {"prose": 0.5, "math": 0.5})]
+    mix = MixtureDataset(parts, stages, batch_size=SCHEDULE)
+    assert set(mix.batch(3)["component"].tolist()) == {0}
+    assert np.bincount(mix.batch(4)["component"], minlength=3).tolist() == [0, 4, 4]
+    assert mix.components_of([19, 20]).tolist()[0] == 0  # the last row of step 3
+
+
+def test_steps_of_inverts_locate_under_a_batch_schedule(parts):
+    stages = [(0, {"code": 0.5, "prose": 0.5}), (4, {"code": 0.25, "math": 0.75})]
+    mix = MixtureDataset(parts, stages, batch_size=SCHEDULE, seed=11)
+    max_step = 7
+    expected: dict[tuple, set] = {}
+    for step in range(max_step):
+        for row in range(mix.batch_size_at(step)):
+            for p in mix.locate(step, row):
+                expected.setdefault((p.component, p.document), set()).add((step, row))
+    for key in [("code", 1), ("prose", 4), ("math", 2), ("code", 29)]:
+        assert set(mix.steps_of(*key, max_step=max_step)) == expected.get(key, set())
+
+
+def test_rows_past_a_stopping_mixture_are_refused(parts):
+    mix = MixtureDataset(parts, {"code": 0.5, "math": 0.5}, batch_size=SCHEDULE,
+                         stop="first_exhausted")  # fmt: skip
+    assert mix.num_rows == mix.rows_before(mix.num_steps)
+    mix.sequences([mix.num_rows - 1])
+    with pytest.raises(DatasetExhausted, match=r"row \d+ is past the end of this mixture"):
+        mix.sequences([mix.num_rows])
+
+
+def test_batch_schedule_errors_name_the_fix(parts):
+    with pytest.raises(ValueError, match=r"first entry must start at step 0"):
+        MixtureDataset(parts, {"code": 1.0}, batch_size=[(2, 4)])
+    with pytest.raises(ValueError, match=r"schedule steps must increase \(3 after 5\)"):
+        MixtureDataset(parts, {"code": 1.0}, batch_size=[(0, 4), (5, 8), (3, 4)])
+    with pytest.raises(
+        ValueError, match=r"block_size=8\): must divide batch_size=4 \(from step 0\).*block_size=4"
+    ):
+        MixtureDataset(parts, {"code": 1.0}, batch_size=SCHEDULE, block_size=8)

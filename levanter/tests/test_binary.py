@@ -49,3 +49,10 @@ def test_misspelt_key_exits_2_with_suggestion(tmp_path):
     )
     assert proc.returncode == 2
     assert "Did you mean `--config.trainer.num_train_steps`" in proc.stderr
+
+
+def test_bad_mixture_exits_2_naming_the_key(tmp_path):
+    proc = _subprocess.run(tmp_path / "run", tmp_path / "cache", "--config.data.source=mixture")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "error: data.source='mixture' needs data.components" in proc.stderr
+    assert not (tmp_path / "cache").exists()  # refused before building any store

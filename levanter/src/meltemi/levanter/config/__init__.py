@@ -12,7 +12,7 @@ Example:
     0
 """
 
-from meltemi.levanter.config._base import MESH_AXES, base_config
+from meltemi.levanter.config._base import MESH_AXES, base_config, mixture_component
 from meltemi.levanter.config._resolve import (
     PROVENANCES,
     ConfigError,
@@ -43,6 +43,7 @@ __all__ = [
     "closest_key",
     "flatten",
     "load_config",
+    "mixture_component",
     "parse_override_args",
     "parse_value",
     "resolve_path",

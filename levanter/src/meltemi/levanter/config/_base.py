@@ -117,8 +117,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.data = ml_collections.ConfigDict()
     # "stdlib": the Python standard library source shipped with the interpreter (validation:
     # its held-out modules); "files": data.train_files, and one validation set per entry of
-    # data.validation_files (text, .jsonl[.gz|.zst] with a "text" field, or .parquet).
+    # data.validation_files (text, .jsonl[.gz|.zst] with a "text" field, or .parquet);
+    # "mixture": data.components, weighted, with data.weight_stages.
     c.data.source = "stdlib"
+    # data.source="mixture": name -> mixture_component(source, weight, validation=...), set in
+    # a config file; weights (summing to 1) apply from step 0.
+    c.data.components = ml_collections.ConfigDict()
+    # ((step, {name: weight, ...}), ...): from each step on, these weights (steps increasing).
+    c.data.weight_stages = FieldReference((), field_type=object)
     c.data.train_files = FieldReference((), field_type=object)
     c.data.validation_files = FieldReference((), field_type=object)
     c.data.tokenizer = "byte"
@@ -133,3 +139,30 @@ def base_config() -> ml_collections.ConfigDict:
     c.logging.wandb_project = "meltemi"
     c.logging.wandb_mode = "offline"
     return c
+
+
+def mixture_component(
+    source: str, weight: float, *, validation: str = ""
+) -> ml_collections.ConfigDict:
+    """One entry of `data.components`, for `data.source = "mixture"`.
+
+    Args:
+        source: the training text: `stdlib:train`, `KIND:PATHS` or `KIND:NAME=PATHS` with KIND
+            in text, jsonl, parquet (PATHS: comma-separated files, directories or globs), or
+            plain paths (the kind follows the extension).
+        weight: the component's share of the rows from step 0 (the weights sum to 1);
+            `data.weight_stages` changes it from a later step on.
+        validation: evaluation text in the same forms (empty: none); its metrics are tagged
+            by the component's name (`eval/<name>/loss`, `eval/<name>/bpb`).
+
+    Example:
+        >>> from meltemi.levanter.config import base_config, mixture_component
+        >>> config = base_config()
+        >>> config.data.source = "mixture"
+        >>> config.data.components.code = mixture_component("stdlib:train", 1.0)
+        >>> config.data.components.code.weight
+        1.0
+    """
+    return ml_collections.ConfigDict(
+        {"source": str(source), "weight": float(weight), "validation": str(validation)}
+    )

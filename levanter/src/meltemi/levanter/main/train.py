@@ -116,9 +116,13 @@ def main(argv: Sequence[str]) -> int:
         from meltemi.levanter.trainer import launch_multislice
 
         return launch_multislice(resolved)
-    from meltemi.levanter.trainer import PREEMPTED_EXIT_CODE, train
+    from meltemi.levanter.trainer import PREEMPTED_EXIT_CODE, BuildError, train
 
-    result = train(resolved)
+    try:
+        result = train(resolved)
+    except BuildError as e:  # a data/model/optimizer setting: the message names the key
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(result.summary, flush=True)
     return PREEMPTED_EXIT_CODE if result.preempted else 0
 

@@ -19,6 +19,12 @@ from meltemi.levanter.trainer._loop import (
     resolve_run_dir,
     train,
 )
+from meltemi.levanter.trainer._mixture import (
+    MixtureConfigError,
+    MixturePlan,
+    fraction_metrics,
+    mixture_plan,
+)
 from meltemi.levanter.trainer._multislice import SliceWorker, launch_multislice
 from meltemi.levanter.trainer._parts import BatchSource, EvalSet, RunParts
 from meltemi.levanter.trainer._schedule import BatchScheduleError, BatchSizes
@@ -48,6 +54,8 @@ __all__ = [
     "BuildError",
     "DryRunReport",
     "EvalSet",
+    "MixtureConfigError",
+    "MixturePlan",
     "RunParts",
     "RunResult",
     "SliceWorker",
@@ -57,6 +65,7 @@ __all__ = [
     "batch_sharding",
     "build_parts",
     "dry_run",
+    "fraction_metrics",
     "cast_floating",
     "compute_context",
     "global_batch",
@@ -65,6 +74,7 @@ __all__ = [
     "loss_and_grads",
     "make_train_step",
     "measure_peak_flops",
+    "mixture_plan",
     "model_config",
     "resolve_run_dir",
     "split_microbatches",

@@ -17,15 +17,20 @@ import meltemi.models as mm
 from meltemi import data as md
 from meltemi.levanter import optim
 from meltemi.levanter.checkpoint import array_names, flatten_state, restore_arrays, unflatten_state
-from meltemi.levanter.trainer._parts import EvalSet, RunParts
+from meltemi.levanter.trainer._mixture import (
+    MixtureConfigError,
+    MixturePlan,
+    file_source,
+    fraction_metrics,
+    make_mixture,
+    mixture_plan,
+)
+from meltemi.levanter.trainer._parts import BuildError, EvalSet, RunParts
+from meltemi.levanter.trainer._schedule import BatchSizes
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("stdlib", "files")
-
-
-class BuildError(ValueError):
-    """A model, data or optimizer setting that cannot be built (names the key and the fix)."""
+SOURCES = ("stdlib", "files", "mixture")
 
 
 def cache_dir(config) -> pathlib.Path:
@@ -51,15 +56,6 @@ def make_tokenizer(name: str) -> md.Tokenizer:
     return md.HfTokenizer(str(path))
 
 
-def _file_source(name: str, paths: tuple[str, ...]) -> md.Source:
-    first = paths[0].lower()
-    if ".jsonl" in first or first.endswith(".json"):
-        return md.JsonlFiles(name, paths)
-    if first.endswith(".parquet"):
-        return md.ParquetFiles(name, paths)
-    return md.TextFiles(name, paths)
-
-
 def _sources(config) -> tuple[md.Source, dict[str, md.Source]]:
     """The train source and the validation sources by name."""
     data = config.data
@@ -71,12 +67,17 @@ def _sources(config) -> tuple[md.Source, dict[str, md.Source]]:
                 "data.source='files' needs data.train_files: a tuple of paths or globs, e.g. "
                 "--config.data.train_files=\"('corpus/*.jsonl',)\"."
             )
-        validation = {}
-        for entry in data.validation_files:
-            name = pathlib.Path(entry).name.split(".")[0].replace("*", "all") or "validation"
-            validation[name] = _file_source(name, (entry,))
-        return _file_source("train", tuple(data.train_files)), validation
+        return file_source("train", tuple(data.train_files)), _validation_files(data)
     raise BuildError(f"data.source={data.source!r}: known sources are {SOURCES}.")
+
+
+def _validation_files(data) -> dict[str, md.Source]:
+    """One evaluation source per `data.validation_files` entry, tagged by its file name."""
+    validation = {}
+    for entry in data.validation_files:
+        name = pathlib.Path(entry).name.split(".")[0].replace("*", "all") or "validation"
+        validation[name] = file_source(name, (entry,))
+    return validation
 
 
 def _store(path: pathlib.Path, source: md.Source, tokenizer: md.Tokenizer) -> md.TokenStore:
@@ -101,6 +102,51 @@ def build_stores(config, tokenizer: md.Tokenizer) -> tuple[md.TokenStore, dict[s
     stores = {name: _store(root / f"validation-{name}", src, tokenizer)
               for name, src in validation.items()}  # fmt: skip
     return _store(root / "train", train, tokenizer), stores
+
+
+def _source_store(config, key: str, source: md.Source, tokenizer: md.Tokenizer) -> md.TokenStore:
+    """A store of one source, cached by the tokenizer and the source's fingerprint."""
+    try:
+        digest = hashlib.sha256(source.fingerprint().encode()).hexdigest()[:12]
+    except md.SourceError as e:
+        raise MixtureConfigError(f"{key}: {e}") from None
+    path = cache_dir(config) / f"source-{source.name}-{tokenizer.fingerprint()[:12]}-{digest}"
+    return _store(path, source, tokenizer)
+
+
+def build_mixture(
+    config, plan: MixturePlan, tokenizer: md.Tokenizer
+) -> tuple[md.MixtureDataset, dict[str, md.TokenStore]]:
+    """The train mixture (rows by global index, any batch-size schedule) and eval stores.
+
+    Each component with a `validation` source is an evaluation set tagged by its name, and
+    so is each `data.validation_files` entry (by its file name).
+    """
+    datasets, val_stores = {}, {}
+    for c in plan.components:
+        store = _source_store(config, f"data.components.{c.name}.source", c.source, tokenizer)
+        datasets[c.name] = md.PackedDataset(
+            store,
+            seq_len=config.data.seq_len,
+            batch_size=config.trainer.train_batch_size,
+            seed=config.data.shuffle_seed,
+        )
+        if c.validation is not None:
+            key = f"data.components.{c.name}.validation"
+            val_stores[c.name] = _source_store(config, key, c.validation, tokenizer)
+    for name, source in _validation_files(config.data).items():
+        if name in val_stores:
+            raise MixtureConfigError(
+                f"data.validation_files: the evaluation set {name!r} (from its file name) has "
+                f"the name of a component's validation set; rename the file or the component."
+            )
+        val_stores[name] = _source_store(config, "data.validation_files", source, tokenizer)
+    sizes = BatchSizes.parse(config.trainer.batch_schedule, config.trainer.train_batch_size)
+    try:
+        mixture = make_mixture(plan, datasets, sizes.segments, config.data.shuffle_seed)
+    except ValueError as e:
+        raise MixtureConfigError(f"data.components: {e}") from None
+    return mixture, val_stores
 
 
 def model_config(config, tokenizer: md.Tokenizer) -> mm.ModelConfig:
@@ -213,16 +259,22 @@ def make_warm_start(template_prefix: str = "params"):
 def build_parts(config, mesh: jax.sharding.Mesh | None = None) -> RunParts:
     """Everything a run needs, from the config."""
     del mesh  # the stores and model do not depend on it
+    plan = mixture_plan(config)  # checks data.components / weight_stages before any build
     tokenizer = make_tokenizer(config.data.tokenizer)
-    train_store, val_stores = build_stores(config, tokenizer)
     mcfg = model_config(config, tokenizer)
     seq_len = config.data.seq_len
-    train = md.PackedDataset(
-        train_store,
-        seq_len=seq_len,
-        batch_size=config.trainer.train_batch_size,
-        seed=config.data.shuffle_seed,
-    )
+    data_metrics = None
+    if plan is not None:
+        train, val_stores = build_mixture(config, plan, tokenizer)
+        data_metrics = fraction_metrics(train)
+    else:
+        train_store, val_stores = build_stores(config, tokenizer)
+        train = md.PackedDataset(
+            train_store,
+            seq_len=seq_len,
+            batch_size=config.trainer.train_batch_size,
+            seed=config.data.shuffle_seed,
+        )
     try:
         tx, _ = optim.build_optimizer(config.optimizer, total_steps=config.trainer.num_train_steps)
     except optim.OptimizerConfigError as e:
@@ -241,6 +293,7 @@ def build_parts(config, mesh: jax.sharding.Mesh | None = None) -> RunParts:
         describe=f"{config.model.preset} ({mcfg.family}, {params / 1e6:.2f}M params)",
         flops_per_token=mm.flops_per_token(mcfg, seq_len),
         warm_start=make_warm_start(),
+        data_metrics=data_metrics,
     )
 
 

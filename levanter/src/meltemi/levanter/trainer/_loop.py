@@ -317,6 +317,14 @@ class Trainer:
         start = offset + jax.process_index() * per
         return self.parts.train_data.sequences(np.arange(start, start + per, dtype=np.int64))
 
+    def data_metrics(self, step: int) -> dict[str, float]:
+        """What the data source reports about the rows of `step` (e.g. mixture fractions)."""
+        if self.parts.data_metrics is None:
+            return {}
+        start = self.batch_sizes.rows_before(step)
+        rows = np.arange(start, start + self.batch_sizes.size_at(step), dtype=np.int64)
+        return {k: float(v) for k, v in self.parts.data_metrics(rows).items()}
+
     def batch(self, step: int) -> dict[str, jax.Array]:
         """The global batch of `step` on the mesh (this process reads only its own rows)."""
         return global_batch(self.host_batch(step), self.mesh)
@@ -500,6 +508,7 @@ class Trainer:
                 if pending is not None:
                     flush(pending)
                 pending = {"step": step + 1, "batch_size": size, "_device": metrics}
+                pending.update(self.data_metrics(step))  # host work while the step runs
                 eval_due = config.eval.every_steps and state_step % config.eval.every_steps == 0
                 stop = preemption.agreed()
                 kind = ckpt.due(state_step) if ckpt else None

@@ -10,6 +10,10 @@ import numpy as np
 import optax
 
 
+class BuildError(ValueError):
+    """A model, data or optimizer setting that cannot be built (names the key and the fix)."""
+
+
 class BatchSource(Protocol):
     """Stateless data: the rows of any step are a pure function of the step."""
 
@@ -49,6 +53,8 @@ class RunParts:
         describe: one line naming the model, for logs and the summary.
         flops_per_token: analytic model FLOPs per trained token (6N + attention), if known.
         warm_start: `warm_start(params, init_from)` -> (params, report lines), if supported.
+        data_metrics: `data_metrics(rows)` -> scalars logged with the step that trained the
+            global rows `rows` (e.g. a mixture's `data/<component>/fraction`), if any.
     """
 
     init_model: Callable[[Any], Any]
@@ -62,3 +68,4 @@ class RunParts:
     describe: str = ""
     flops_per_token: float | None = None
     warm_start: Callable[[Any, str], tuple[Any, list[str]]] | None = None
+    data_metrics: Callable[[np.ndarray], Mapping[str, float]] | None = None
