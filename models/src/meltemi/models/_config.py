@@ -210,6 +210,11 @@ class ModelConfig:
             inside), `full` (recompute everything from the first input), `offload` (like
             `save_carries`, with the block inputs in host memory where supported).
         scan_layers: run the blocks with a scan (one compile for all layers) or unrolled.
+        attention_query_block: attention over a sequence longer than this many positions
+            runs one block of queries at a time (each block checkpointed), so only one
+            block's `(query, key)` scores are alive instead of the whole `seq x seq` matrix;
+            `None` never splits. Exact (each query row still sees every key); used only when
+            it divides the sequence length.
         initializer_range: std of the normal initialiser of weight matrices.
         bos_token_id: kept for HF `config.json` round trips.
         eos_token_id: kept for HF `config.json` round trips; generation stops on it by default.
@@ -237,6 +242,7 @@ class ModelConfig:
     moe: MoeConfig | None = None
     remat: str = "save_carries"
     scan_layers: bool = True
+    attention_query_block: int | None = 512
     initializer_range: float = 0.02
     bos_token_id: int | None = None
     eos_token_id: int | None = None
@@ -280,6 +286,8 @@ class ModelConfig:
                 # Canonical form: the default head size is spelled `None`, so equal models
                 # compare equal however they were written.
                 object.__setattr__(self, "head_dim", None)
+        if self.attention_query_block is not None:
+            _check_positive_ints(self, ("attention_query_block",))
         if self.uses_rope and self.head_size % 2:
             _fail(
                 "ModelConfig",

@@ -43,6 +43,7 @@ class Block(eqx.Module):
     attn: hnn.Attention
     mlp_norm: Any
     mlp: DenseMlp | MoeMlp
+    query_block: int | None = eqx.field(static=True, default=None)
 
     @staticmethod
     def init(config: ModelConfig, *, key: jax.Array) -> Block:
@@ -54,6 +55,7 @@ class Block(eqx.Module):
             make_attention(config, key=ka),
             make_norm(config, ax.Embed),
             mlp,
+            config.attention_query_block,
         )
 
     def __call__(
@@ -75,6 +77,7 @@ class Block(eqx.Module):
             mask=mask,
             cache=cache,
             cache_index=cache_index,
+            query_block=self.query_block,
         )
         x = constrain(x + h)
         h = self.mlp_norm(x)
