@@ -600,12 +600,13 @@ class Trainer:
 
     def _wandb(self):
         try:
-            # Optional and not in the lock: imported by name so the wheel does not require it.
+            # The `wandb` extra: imported by name, only when asked for.
             wandb = importlib.import_module("wandb")
         except ImportError:
             raise TrainerError(
-                "logging.wandb=True needs the `wandb` package (pip install wandb); it is not "
-                "installed. Turn it off with --config.logging.wandb=false."
+                "logging.wandb=True needs the `wandb` package, which is not installed: "
+                "pip install meltemi-levanter[wandb], or turn it off with "
+                "--config.logging.wandb=false."
             ) from None
         return wandb.init(
             project=self.config.logging.wandb_project,
