@@ -29,6 +29,7 @@ def test_marin_32b_dry_run_on_virtual_fsdp_mesh(tmp_path):
             f"--config.run_dir={tmp_path / 'run'}",
             "--dry_run",
             "--dry_run_devices=256",
+            "--dry_run_hbm_gib=95",
         ],
         env=_subprocess.env(),
         capture_output=True,
@@ -57,6 +58,7 @@ def test_marin_32b_dry_run_on_virtual_fsdp_mesh(tmp_path):
     # are kept (2,234 GiB).
     assert "keeps one residual per layer: 10.00 GiB" in out, out
     assert 20 < _gib(out, "temporaries (activations, gradients):") < 60, out
+    assert "vs 95 GiB of HBM per device: fits (48%)" in out, out
     assert "fits on: A100/H100 80GB, TPU v5p, H200" in out, out
     assert not (tmp_path / "run").exists()
 

@@ -68,6 +68,11 @@ def define_flags() -> None:
     flags.DEFINE_integer(
         "dry_run_devices", 0, "Virtual CPU devices for --dry_run (0: mesh.* decides, min 1)."
     )
+    flags.DEFINE_float(
+        "dry_run_hbm_gib",
+        0.0,
+        "Device memory (GiB per device) --dry_run checks the total against, e.g. 95 (TPU v5p).",
+    )
 
 
 def _parse(argv: list[str]) -> list[str]:
@@ -107,9 +112,17 @@ def main(argv: Sequence[str]) -> int:
         print(f"# run_dir resolves to {resolve_run_dir(resolved.config)}")
         return 0
     if FLAGS.dry_run:
-        from meltemi.levanter.trainer import dry_run
+        from meltemi.levanter.trainer import TrainerError, dry_run
 
-        report = dry_run(resolved, num_devices=FLAGS.dry_run_devices or None)
+        try:
+            report = dry_run(
+                resolved,
+                num_devices=FLAGS.dry_run_devices or None,
+                hbm_gib=FLAGS.dry_run_hbm_gib if FLAGS["dry_run_hbm_gib"].present else None,
+            )
+        except TrainerError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         print(report.format())
         return 0
     if resolved.config.mesh.num_slices > 1 and "MELTEMI_SLICE_INDEX" not in os.environ:
