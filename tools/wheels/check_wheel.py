@@ -17,7 +17,8 @@ def main(argv: list[str]) -> int:
     lib, build_deps = argv[0], argv[1:]
     here = pathlib.Path.cwd()
     layers = wl.load_layers(here / "tools" / "wheels" / "layers.json")
-    project = wl.read_pyproject(here / lib)["project"]
+    pyproject = wl.read_pyproject(here / lib)
+    project = pyproject["project"]
     meltemi_deps, third_party, extras = wl.split_requirements(project)
     if sorted(meltemi_deps) != sorted(build_deps):
         raise wl.WheelCheckError(
@@ -39,7 +40,7 @@ def main(argv: list[str]) -> int:
     requirements = list(third_party)
     for dep in meltemi_deps:
         requirements += wl.split_requirements(wl.read_pyproject(here / dep)["project"])[1]
-    tool = wl.read_pyproject(here / lib).get("tool", {}).get("meltemi", {})
+    tool = pyproject.get("tool", {}).get("meltemi", {})
     extra_modules = sorted({m for ms in tool.get("extra_modules", {}).values() for m in ms})
 
     base = wl.make_env(tmp / "venv-base", wheels, wl.closure(requirements))
