@@ -24,7 +24,7 @@ def pytest_test(name, srcs, deps = [], args = [], data = [], **kwargs):
         # $(rootpath) is relative to the runfiles root of this workspace == the test's cwd.
         args = ["$(rootpath %s)" % s for s in srcs if s.endswith(".py") and s.split("/")[-1].startswith("test")] + args,
         data = data,
-        deps = deps,
+        deps = deps + ["//tools/python:test_env"],
         python_version = "PY3",
         srcs_version = "PY3",
         **kwargs
@@ -57,7 +57,7 @@ def meltemi_library_checks(name, lib, meltemi_deps = []):
         main = "//tools/wheels:check_wheel.py",
         args = [lib] + meltemi_deps,
         data = [":package_files", "//tools/wheels:layers.json"] + dep_files,
-        deps = ["//tools/wheels:wheels"],
+        deps = ["//tools/wheels:wheels", "//tools/python:test_env"],
         python_version = "PY3",
     )
     native.py_test(
@@ -75,7 +75,7 @@ def meltemi_library_checks(name, lib, meltemi_deps = []):
         srcs = ["//tools/python:doctest_main.py"],
         main = "//tools/python:doctest_main.py",
         args = ["meltemi." + lib],
-        deps = [":" + lib],
+        deps = [":" + lib, "//tools/python:test_env"],
         python_version = "PY3",
     )
 

@@ -15,6 +15,8 @@ import os
 import pkgutil
 import sys
 
+from tools.python import test_env
+
 
 def _modules(package_name: str):
     package = importlib.import_module(package_name)
@@ -29,6 +31,7 @@ def _modules(package_name: str):
 
 
 def main(argv: list[str]) -> int:
+    test_env.isolate_home()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     failed = attempted = 0
     flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE

@@ -10,10 +10,12 @@ import pathlib
 import sys
 import tempfile
 
+from tools.python import test_env
 from tools.wheels import wheel_lib as wl
 
 
 def main(argv: list[str]) -> int:
+    test_env.isolate_home()
     lib, build_deps = argv[0], argv[1:]
     here = pathlib.Path.cwd()
     layers = wl.load_layers(here / "tools" / "wheels" / "layers.json")

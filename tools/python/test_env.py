@@ -1,0 +1,78 @@
+"""One place that keeps every test away from the real home directory.
+
+Under `bazel test` the home directory is read-only inside the sandbox, and on a fresh machine it
+holds none of the caches a developer's machine has (`~/.ray`, `~/.cache/huggingface`, a warm
+JAX compilation cache, matplotlib's font cache). A test that writes there fails only on a
+newcomer's machine, or passes only because of a file left behind earlier. Every Bazel test entry
+point (`pytest_main.py`, `doctest_main.py`, `check_wheel.py`) calls `isolate_home()` first, so
+each test gets an empty home of its own under `TEST_TMPDIR` and every tool that caches under
+home writes there instead. Subprocesses inherit it through the environment.
+
+Outside Bazel (no `TEST_TMPDIR`) nothing changes: a developer running pytest by hand keeps
+their own environment.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Tools that cache or write under home, each pointed at a folder of the test's own home.
+# (variable, path relative to the new home)
+_HOME_DIRS: tuple[tuple[str, str], ...] = (
+    ("XDG_CACHE_HOME", ".cache"),
+    ("XDG_CONFIG_HOME", ".config"),
+    ("XDG_DATA_HOME", ".local/share"),
+    ("XDG_STATE_HOME", ".local/state"),
+    ("MPLCONFIGDIR", ".config/matplotlib"),  # matplotlib's font cache
+    ("HF_HOME", ".cache/huggingface"),  # huggingface_hub, transformers, datasets
+    ("WANDB_DIR", "wandb"),
+    ("WANDB_CACHE_DIR", ".cache/wandb"),
+    ("WANDB_CONFIG_DIR", ".config/wandb"),
+    ("WANDB_DATA_DIR", ".local/share/wandb"),
+    ("PIP_CACHE_DIR", ".cache/pip"),
+    ("FRAY_ROOT", ".fray"),  # fray's secrets and logs (default: a fixed folder under /tmp)
+    ("IPYTHONDIR", ".ipython"),
+    ("JUPYTER_CONFIG_DIR", ".jupyter"),
+)
+
+# Set so nothing reaches for the network at run time (the tests build what they need).
+_OFFLINE: tuple[tuple[str, str], ...] = (
+    ("HF_HUB_OFFLINE", "1"),
+    ("HF_DATASETS_OFFLINE", "1"),
+    ("TRANSFORMERS_OFFLINE", "1"),
+    ("WANDB_MODE", "offline"),
+    ("PIP_NO_INPUT", "1"),
+    ("PIP_DISABLE_PIP_VERSION_CHECK", "1"),
+)
+
+
+def isolate_home(environ: dict | None = None) -> str | None:
+    """Points HOME and every known per-user cache at a fresh folder under `TEST_TMPDIR`.
+
+    Args:
+        environ: the environment to change (default: `os.environ`).
+
+    Returns:
+        The new home directory, or None when not under a test runner (no `TEST_TMPDIR`).
+
+    >>> env = {"TEST_TMPDIR": "/tmp/t", "HOME": "/root"}
+    >>> isolate_home(env)
+    '/tmp/t/home'
+    >>> env["HOME"], env["XDG_CACHE_HOME"], env["HF_HUB_OFFLINE"]
+    ('/tmp/t/home', '/tmp/t/home/.cache', '1')
+    """
+    env = os.environ if environ is None else environ
+    tmp = env.get("TEST_TMPDIR")
+    if not tmp:
+        return None
+    home = os.path.join(tmp, "home")
+    env["HOME"] = home
+    env["USERPROFILE"] = home
+    for name, rel in _HOME_DIRS:
+        env[name] = os.path.join(home, rel)
+    for name, value in _OFFLINE:
+        env.setdefault(name, value)
+    if environ is None:
+        for name in ("HOME", *(n for n, _ in _HOME_DIRS)):
+            os.makedirs(env[name], mode=0o700, exist_ok=True)
+    return home
