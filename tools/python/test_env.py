@@ -73,6 +73,7 @@ def isolate_home(environ: dict | None = None) -> str | None:
     for name, value in _OFFLINE:
         env.setdefault(name, value)
     if environ is None:
-        for name in ("HOME", *(n for n, _ in _HOME_DIRS)):
-            os.makedirs(env[name], mode=0o700, exist_ok=True)
+        # Only the home itself: a fresh machine has no ~/.cache either, and each tool must
+        # create the folders it needs.
+        os.makedirs(home, mode=0o700, exist_ok=True)
     return home
