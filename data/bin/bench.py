@@ -9,6 +9,14 @@ All figures come from one run on this machine:
 * `store_batches_per_s`: random `PackedDataset.batch(step)` calls (32 x 1024 tokens) on the
   stdlib corpus store.
 * `build_mb_per_s`: input megabytes per second building that store (byte tokenizer).
+* `short_doc_*`: a 32 x 4096 batch of ~100-token documents: the whole `batch(step)`, and its
+  token reads batched (`TokenStore.read_flat`) against one tensorstore read per piece (the
+  previous reader, the reference).
+* `pack_*`: whole-document packing of 100,000 documents of 50..1499 tokens at seq_len 2048:
+  padding of next-fit and first-fit-decreasing (window 1024) against the lower bound, and the
+  time of each against the previous piece-by-piece loop (the reference).
+* `decontaminate_*`: one 2,000-token document against 2M evaluation hashes: sorted search
+  (`contains_any`) against `np.isin` (the previous check, the reference).
 
 Each timing is the best of `--repeats`; the machine is shared, so the best is the least noisy.
 """
@@ -29,10 +37,14 @@ import numpy as np
 from meltemi.data import (
     ByteTokenizer,
     FeistelPermutation,
+    JsonlFiles,
     PackedDataset,
     build_store,
+    ngram_hashes,
     stdlib_corpus,
 )
+from meltemi.data._clean import contains_any
+from meltemi.data._packing import pack_ffd, pack_next_fit, padding_fraction
 
 
 def _best(fn, repeats: int) -> float:
@@ -92,6 +104,109 @@ def bench_store(workdir: str, batches: int, repeats: int, workers: int) -> dict:
     }
 
 
+def _read_per_piece(store, docs, starts, stops) -> list[np.ndarray]:
+    """The previous reader: one tensorstore slice read per piece (the reference)."""
+    shards = store._shard_of(docs)
+    base = store._doc_starts[docs]
+    futures = [
+        store._tokens[int(s)][int(b + lo) : int(b + hi)].read()
+        for s, b, lo, hi in zip(shards, base, starts, stops, strict=True)
+    ]
+    return [np.asarray(f.result(), np.int32) for f in futures]
+
+
+def bench_short_documents(workdir: str, documents: int, repeats: int) -> dict:
+    rng = np.random.default_rng(0)
+    words = np.asarray(["alpha", "beta", "gamma", "delta", "epsilon"])
+    path = os.path.join(workdir, "short.jsonl")
+    with open(path, "w") as f:
+        for _ in range(documents):
+            text = " ".join(rng.choice(words, int(rng.integers(10, 30))))
+            f.write(json.dumps({"text": text}) + "\n")
+    store = build_store([JsonlFiles("short", [path])], ByteTokenizer(), path + ".store")
+    ds = PackedDataset(store, seq_len=4096, batch_size=32, seed=0)
+    steps = list(range(1, 6))
+    ds.batch(0)
+    batch_s = _best(lambda: [ds.batch(s) for s in steps], repeats) / len(steps)
+    pieces = [ds._piece_arrays(ds._packed_of(np.arange(32 * s, 32 * (s + 1)))) for s in steps]
+    reads = [(doc, off, off + n) for _, doc, off, n, _ in pieces]
+    flat_s = _best(lambda: [store.read_flat(*r) for r in reads], repeats) / len(steps)
+    per_piece_s = _best(lambda: [_read_per_piece(store, *r) for r in reads], repeats) / len(steps)
+    return {
+        "short_doc_mean_tokens": float(store.document_lengths.mean()),
+        "short_doc_pieces_per_batch": float(np.mean([len(r[0]) for r in reads])),
+        "short_doc_batch_ms": batch_s * 1e3,
+        "short_doc_read_ms": flat_s * 1e3,
+        "short_doc_read_ms_per_piece_reference": per_piece_s * 1e3,
+        "short_doc_read_speedup_vs_reference": per_piece_s / flat_s,
+    }
+
+
+def _next_fit_loop(lengths: np.ndarray, seq_len: int) -> list[np.ndarray]:
+    """The previous piece-by-piece next-fit loop (the reference), with its plan arrays."""
+    pos, off, ln, row_off, seq_start = [], [], [], [], [0]
+    fill = 0
+    for p, total in enumerate(lengths.tolist()):
+        start = 0
+        while total - start >= seq_len:
+            if fill:
+                seq_start.append(len(pos))
+                fill = 0
+            pos.append(p), off.append(start), ln.append(seq_len), row_off.append(0)
+            seq_start.append(len(pos))
+            start += seq_len
+        rest = total - start
+        if rest == 0:
+            continue
+        if fill + rest > seq_len:
+            seq_start.append(len(pos))
+            fill = 0
+        pos.append(p), off.append(start), ln.append(rest), row_off.append(fill)
+        fill += rest
+    if fill:
+        seq_start.append(len(pos))
+    return [np.asarray(x, np.int64) for x in (pos, off, ln, row_off, seq_start)]
+
+
+def bench_packing(documents: int, repeats: int) -> dict:
+    lengths = np.random.default_rng(0).integers(50, 1500, documents)
+    seq_len = 2048
+    next_fit = pack_next_fit(lengths, seq_len)
+    ffd = pack_ffd(lengths, seq_len, 1024)
+    reference = _next_fit_loop(lengths, seq_len)
+    ours = (next_fit.pos, next_fit.offset, next_fit.length, next_fit.row_offset, next_fit.seq_start)
+    if not all(np.array_equal(a, b) for a, b in zip(ours, reference, strict=True)):
+        raise AssertionError("the vectorised next-fit differs from the reference loop")
+    loop_s = _best(lambda: _next_fit_loop(lengths, seq_len), repeats)
+    next_fit_s = _best(lambda: pack_next_fit(lengths, seq_len), repeats)
+    ffd_s = _best(lambda: pack_ffd(lengths, seq_len, 1024), repeats)
+    return {
+        "pack_documents": documents,
+        "pack_rows_lower_bound": -(-int(lengths.sum()) // seq_len),
+        "pack_rows_next_fit": next_fit.num_sequences,
+        "pack_rows_ffd": ffd.num_sequences,
+        "pack_padding_next_fit": padding_fraction(next_fit, seq_len),
+        "pack_padding_ffd": padding_fraction(ffd, seq_len),
+        "pack_next_fit_s": next_fit_s,
+        "pack_ffd_s": ffd_s,
+        "pack_loop_s_reference": loop_s,
+        "pack_next_fit_speedup_vs_reference": loop_s / next_fit_s,
+    }
+
+
+def bench_decontamination(hashes: int, tokens: int, repeats: int) -> dict:
+    rng = np.random.default_rng(0)
+    evals = np.unique(rng.integers(0, 2**63, hashes, dtype=np.uint64))
+    doc = ngram_hashes(rng.integers(0, 50_000, tokens), 13)
+    sorted_s = _best(lambda: contains_any(evals, doc), repeats)
+    isin_s = _best(lambda: np.isin(doc, evals).any(), repeats)
+    return {
+        "decontaminate_ms_per_doc": sorted_s * 1e3,
+        "decontaminate_ms_per_doc_isin_reference": isin_s * 1e3,
+        "decontaminate_speedup_vs_reference": isin_s / sorted_s,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--length", type=int, default=10**9)
@@ -101,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, default=40)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--short_documents", type=int, default=60_000)
+    p.add_argument("--pack_documents", type=int, default=100_000)
+    p.add_argument("--eval_hashes", type=int, default=2_000_000)
     p.add_argument("--quick", action="store_true", help="tiny sizes (for tests)")
     args = p.parse_args(argv)
     if args.quick:
@@ -111,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             2,
             1,
         )
+        args.short_documents, args.pack_documents, args.eval_hashes = 6_000, 5_000, 10_000
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     out = {
         "date": datetime.date.today().isoformat(),
@@ -126,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     with tempfile.TemporaryDirectory() as tmp:
         out.update(bench_store(tmp, args.batches, args.repeats, args.workers))
+        out.update(bench_short_documents(tmp, args.short_documents, args.repeats))
+    out.update(bench_packing(args.pack_documents, args.repeats))
+    out.update(bench_decontamination(args.eval_hashes, 2000, args.repeats))
     ref = out["numpy_permutation_per_s"]
     out["feistel_numpy_vs_numpy_permutation"] = out["feistel_numpy_indices_per_s"] / ref
     out["feistel_jax_vs_numpy_permutation"] = out["feistel_jax_indices_per_s"] / ref

@@ -1,7 +1,7 @@
 """Describes a token store: `bazel run //data:inspect -- --store=/tmp/store`.
 
-Prints documents, tokens, skipped counts per reason and per source, the first problems found at
-build time, and a sample of documents (decoded with --tokenizer, default byte).
+Prints documents, tokens, skipped counts per reason and per source, a `file:line` example of
+each reason, and a sample of documents (decoded with --tokenizer, default byte).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"skipped     {json.dumps(store.skipped)}")
     for name, src in meta["per_source"].items():
         print(f"  {name}: {src['documents']} docs, {src['tokens']} tokens, {src['counts']}")
-    for problem in meta["problems"][:10]:
-        print(f"  problem: {problem}")
+    for reason, examples in meta.get("examples", {}).items():
+        print(f"  {reason}: {store.skipped.get(reason, 0)}, e.g. {examples[0]}")
     rng = np.random.default_rng(args.seed)
     count = min(args.sample, store.num_documents)
     for d in sorted(rng.choice(store.num_documents, count, replace=False).tolist()):

@@ -32,3 +32,24 @@ def tiny_store(tmp_path):
     """A store of 37 documents (bos + text + eos) from one JSON-lines source."""
     src = JsonlFiles("tiny", [str(write_jsonl(tmp_path / "tiny.jsonl", varied_texts(37)))])
     return build_store([src], ByteTokenizer(), tmp_path / "store")
+
+
+WORDS = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta", "iota", "doc"]
+
+
+def wordlevel_tokenizer(path: pathlib.Path, specials: tuple[str, ...], vocab_size: int = 1024):
+    """Writes a WordLevel `tokenizer.json` of `vocab_size` ids: `specials` first, then words.
+
+    Returns the path; load it with `HfTokenizer(path, ...)`.
+    """
+    import tokenizers
+
+    words = list(specials) + WORDS
+    words += [f"w{i}" for i in range(vocab_size - len(words))]
+    vocab = {w: i for i, w in enumerate(words)}
+    unk = "<unk>" if "<unk>" in vocab else None
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token=unk))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.add_special_tokens(list(specials))
+    tok.save(str(path))
+    return path

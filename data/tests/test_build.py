@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import gzip
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
 import time
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from conftest import varied_texts, write_jsonl
 
@@ -19,6 +23,7 @@ from meltemi import fray
 from meltemi.data import (
     ByteTokenizer,
     CleanPolicy,
+    Files,
     FrayExecutor,
     JsonlFiles,
     ProcessExecutor,
@@ -30,6 +35,9 @@ from meltemi.data import (
     train_bpe,
 )
 from meltemi.data._build import _build_shard
+from meltemi.data._clean import (
+    contains_any,
+)
 
 TOK = ByteTokenizer()
 
@@ -65,12 +73,53 @@ def test_provenance_names_file_and_line(tmp_path):
     assert store.location(2).endswith("src.jsonl:3")
 
 
-def test_malformed_lines_are_counted_and_located(tmp_path):
-    (tmp_path / "m.jsonl").write_text('{"text": "good"}\n{"text": \n[1, 2]\n{"text": "fine"}\n')
+def test_malformed_lines_are_counted_by_reason_with_file_and_line(tmp_path):
+    lines = '{"text": "good"}\n{"text": \n[1, 2]\n{"text": 7}\nnot json\n{"text": "fine"}\n'
+    (tmp_path / "m.jsonl").write_text(lines)
     store = build_store([JsonlFiles("m", [str(tmp_path / "m.jsonl")])], TOK, tmp_path / "s")
     assert _decoded(store) == ["good", "fine"]
-    assert store.skipped == {"malformed": 2}
-    assert any(p.startswith(str(tmp_path / "m.jsonl:2")) for p in store.metadata["problems"])
+    assert store.skipped == {"malformed_json": 2, "no_text_field": 2}
+    m = str(tmp_path / "m.jsonl")
+    examples = store.metadata["examples"]
+    assert [e.split(": ")[0] for e in examples["malformed_json"]] == [f"{m}:2", f"{m}:5"]
+    assert [e.split(": ")[0] for e in examples["no_text_field"]] == [f"{m}:3", f"{m}:4"]
+    assert store.metadata["per_source"]["m"]["counts"] == store.skipped
+
+
+def _truncated_gzip_jsonl(path, count: int) -> int:
+    """Writes `count` records gzipped, cut 1% before the end; returns the readable count."""
+    data = "".join(json.dumps({"text": f"record {i} " * 4}) + "\n" for i in range(count))
+    blob = gzip.compress(data.encode())
+    path.write_bytes(blob[: len(blob) * 99 // 100])
+    readable = 0
+    try:
+        with gzip.open(path, "rt") as f:
+            for line in f:
+                readable += line.endswith("\n")
+    except EOFError:
+        pass
+    return readable
+
+
+@pytest.mark.parametrize("kind", [Files, JsonlFiles])
+def test_a_truncated_gzip_in_a_directory_keeps_every_readable_record(tmp_path, kind):
+    (tmp_path / "dir").mkdir()
+    readable = _truncated_gzip_jsonl(tmp_path / "dir" / "a.jsonl.gz", 10_000)
+    write_jsonl(tmp_path / "dir" / "b.jsonl", ["after"])
+    store = build_store([kind("d", [str(tmp_path / "dir")])], TOK, tmp_path / "s")
+    assert readable > 9_000 and store.num_documents == readable + 1
+    assert store.skipped == {"unreadable_files": 1}
+    assert "a.jsonl.gz: unreadable (EOFError" in store.metadata["examples"]["unreadable_files"][0]
+
+
+def test_files_reads_each_file_by_its_name(tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    write_jsonl(d / "a.jsonl", ["one", "two"])
+    (d / "b.txt").write_text("three")
+    pq.write_table(pa.table({"text": ["four"]}), d / "c.parquet")
+    store = build_store([Files("f", [str(d)])], TOK, tmp_path / "s")
+    assert _decoded(store) == ["one", "two", "three", "four"]
 
 
 def test_invalid_utf8_is_replaced_by_default(tmp_path):
@@ -124,6 +173,54 @@ def test_decontamination_drops_overlapping_documents_per_source(tmp_path):
     assert _decoded(store) == ["clean one", "clean two", "nothing here", secret[:12]]
     assert store.metadata["per_source"]["a"]["counts"] == {"decontaminated": 1}
     assert store.metadata["per_source"]["b"]["counts"] == {}
+
+
+def test_contains_any_agrees_with_isin():
+    rng = np.random.default_rng(0)
+    big = np.unique(rng.integers(0, 2**63, 50_000, dtype=np.uint64))
+    for _ in range(200):
+        values = rng.integers(0, 2**63, int(rng.integers(0, 30)), dtype=np.uint64)
+        if rng.random() < 0.5 and len(values):
+            values[int(rng.integers(len(values)))] = big[int(rng.integers(len(big)))]
+        assert contains_any(big, values) == bool(np.isin(values, big).any())
+    top = np.asarray([np.iinfo(np.uint64).max], np.uint64)
+    assert not contains_any(big, top) and not contains_any(big[:0], big[:3])
+
+
+class _Recording:
+    """An inline executor that records how many bytes each task pickles to."""
+
+    def __init__(self):
+        self.sizes = []
+
+    def map_unordered(self, fn, items):
+        for item in items:
+            self.sizes.append(len(pickle.dumps(item)))
+            yield fn(item)
+
+
+def test_the_evaluation_set_is_not_shipped_with_every_task(tmp_path):
+    rng = np.random.default_rng(1)
+    evals = [" ".join(rng.choice(["a", "b", "c", "d"], 20_000)) for _ in range(10)]
+    ev = _jsonl_source(tmp_path, evals, name="eval")  # ~200,000 distinct 13-gram hashes
+    parts = [[f"doc {i} {j}" for j in range(10)] for i in range(4)]
+    parts[2].append(evals[3][:200])
+    files = [str(write_jsonl(tmp_path / f"t{i}.jsonl", texts)) for i, texts in enumerate(parts)]
+    executor = _Recording()
+    build = functools.partial(build_store, decontaminate=[ev], executor=executor, min_shards=4)
+    store = build([JsonlFiles("t", files)], TOK, tmp_path / "s")
+    assert store.metadata["per_source"]["t"]["counts"] == {"decontaminated": 1}
+    assert len(executor.sizes) == 4 and max(executor.sizes) < 20_000
+    assert not [f for f in os.listdir(tmp_path / "s") if f.startswith(".eval-hashes")]
+
+
+def test_decontamination_runs_in_worker_processes(tmp_path):
+    secret = "the quick brown fox jumps over the lazy dog"
+    a = _jsonl_source(tmp_path, [f"x {secret} y", "clean one"], name="a")
+    evals = _jsonl_source(tmp_path, [f"prefix {secret}"], name="eval")
+    store = build_store([a], TOK, tmp_path / "s", decontaminate=[evals],
+                        executor=ProcessExecutor(1))  # fmt: skip
+    assert _decoded(store) == ["clean one"]
 
 
 def test_opening_with_another_tokenizer_is_a_clear_error(tmp_path, tiny_store):

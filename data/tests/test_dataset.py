@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -19,13 +23,27 @@ def test_batch_has_the_documented_arrays(tiny_store):
     assert b["tokens"].dtype == np.int32 and b["loss_mask"].dtype == np.float32
 
 
-def test_batches_are_pure_functions_of_seed_and_step(tiny_store):
+_BATCH_7 = """
+import sys
+import numpy as np
+from meltemi.data import PackedDataset, TokenStore
+ds = PackedDataset(TokenStore.open(sys.argv[1]), seq_len=13, batch_size=3, seed=1)
+np.save(sys.argv[2], ds.batch(7)["tokens"])
+"""
+
+
+def test_batches_are_pure_functions_of_seed_and_step(tiny_store, tmp_path):
     a = PackedDataset(tiny_store, seq_len=13, batch_size=3, seed=1)
-    b = PackedDataset(tiny_store, seq_len=13, batch_size=3, seed=1)
-    assert np.array_equal(a.batch(7)["tokens"], b.batch(7)["tokens"])
-    assert np.array_equal(a.batch(7)["tokens"], a.batch(7)["tokens"])
+    for step in (30, 0, 8, 6):  # other steps first: no state may carry over
+        a.batch(step)
+    got = a.batch(7)["tokens"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = tmp_path / "b7.npy"
+    subprocess.run([sys.executable, "-c", _BATCH_7, tiny_store.path, str(out)], env=env, check=True)
+    assert np.array_equal(got, np.load(out))  # a fresh process asking only for step 7
+    assert not np.array_equal(got, a.batch(8)["tokens"])
     c = PackedDataset(tiny_store, seq_len=13, batch_size=3, seed=2)
-    assert not np.array_equal(a.batch(7)["tokens"], c.batch(7)["tokens"])
+    assert not np.array_equal(got, c.batch(7)["tokens"])
 
 
 @pytest.mark.parametrize("mode", ["stream", "document"])

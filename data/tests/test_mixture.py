@@ -1,20 +1,22 @@
-"""MixtureDataset: exact counts per block, stages, stop strategies, provenance."""
+"""MixtureDataset: weights that hold at every row, stages, stop strategies, provenance."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import varied_texts, write_jsonl
+from conftest import varied_texts, wordlevel_tokenizer, write_jsonl
 
 from meltemi.data import (
     ByteTokenizer,
     DatasetExhausted,
+    HfTokenizer,
     JsonlFiles,
     MixtureDataset,
     PackedDataset,
     build_store,
     exact_counts,
 )
+from meltemi.data._apportion import quota_schedule
 
 
 @pytest.fixture
@@ -30,9 +32,64 @@ def parts(tmp_path):
 
 
 def test_exact_counts_sum_and_follow_weights():
-    assert exact_counts([1, 1, 1], 10).tolist() == [4, 3, 3]
-    assert exact_counts([0.7, 0.2, 0.1], 20).tolist() == [14, 4, 2]
-    assert exact_counts([1, 0], 3).tolist() == [3, 0]
+    for weights, total in (([1, 1, 1], 10), ([0.7, 0.2, 0.1], 20), ([1, 0], 3), ([3, 5], 7)):
+        counts = exact_counts(weights, total)
+        share = np.asarray(weights) / np.sum(weights) * total
+        assert counts.sum() == total and np.all(np.abs(counts - share) < 1), (weights, counts)
+
+
+@pytest.mark.parametrize(
+    ("weights", "total", "match"),
+    [
+        ([0, 0], 4, r"every weight is 0"),
+        ([-1, 2], 3, r"'weights\[0\]' is -1\.0"),
+        ([1, float("nan")], 3, r"'weights\[1\]' is nan"),
+    ],
+)
+def test_exact_counts_refuses_bad_weights(weights, total, match):
+    with pytest.raises(ValueError, match=match):
+        exact_counts(weights, total)
+
+
+def _fractions(mix, rows: int) -> np.ndarray:
+    """Component fractions over the rows of the first steps holding `rows` rows."""
+    got, step, seen = [], 0, 0
+    while seen < rows:
+        start, size = mix.rows_before(step), mix.batch_size_at(step)
+        got.append(np.arange(start, start + size))
+        seen += size
+        step += 1
+    comp = mix.components_of(np.concatenate(got))
+    return np.bincount(comp, minlength=len(mix.names)) / len(comp)
+
+
+@pytest.mark.parametrize(
+    ("weights", "batch_size"),
+    [
+        ({"code": 0.96, "prose": 0.04}, 10),  # before the fix: 0% prose
+        ({"code": 0.5, "prose": 0.3, "math": 0.2}, [(0, 7), (100, 8)]),  # before: 100% code
+        ({"code": 0.7, "prose": 0.2, "math": 0.1}, 32),  # before: 0.719/0.188/0.094
+        ({"code": 0.01, "prose": 0.99}, 3),
+        ({"code": 0.01, "prose": 0.01, "math": 0.98}, [(0, 5), (7, 3), (40, 11)]),
+        ({"code": 0.123457, "prose": 0.3, "math": 0.576543}, 1),  # no short exact period
+    ],
+)
+def test_long_run_fractions_equal_the_weights(parts, weights, batch_size):
+    mix = MixtureDataset(parts, weights, batch_size=batch_size, seed=1)
+    want = np.asarray([weights.get(n, 0.0) for n in mix.names])
+    got = _fractions(mix, 100_000)
+    np.testing.assert_allclose(got, want, rtol=0.002)
+
+
+def test_every_prefix_is_within_one_row_of_its_share(parts):
+    w = np.asarray([0.45, 0.35, 0.2])
+    mix = MixtureDataset(
+        parts, dict(zip(["code", "prose", "math"], w)), batch_size=[(0, 3), (5, 7)]
+    )
+    comp = mix.components_of(np.arange(20_000))
+    counts = np.cumsum(np.eye(3, dtype=np.int64)[comp], axis=0)
+    share = np.arange(1, len(comp) + 1)[:, None] * w
+    assert np.abs(counts - share).max() < 1
 
 
 def test_every_batch_holds_the_exact_counts(parts):
@@ -42,10 +99,34 @@ def test_every_batch_holds_the_exact_counts(parts):
         assert np.bincount(comp, minlength=3).tolist() == [5, 3, 2]
 
 
-def test_slots_are_shuffled_within_the_block(parts):
-    mix = MixtureDataset(parts, {"code": 0.5, "prose": 0.3, "math": 0.2}, batch_size=10, seed=1)
-    layouts = {tuple(mix.batch(s)["component"].tolist()) for s in range(8)}
-    assert len(layouts) > 1
+@pytest.mark.parametrize(
+    ("weight", "shown"),
+    [(float("nan"), "nan"), (float("inf"), "inf"), (-0.5, r"-0\.5"), ("lots", "'lots'")],
+)
+def test_bad_weights_are_refused_naming_component_and_value(parts, weight, shown):
+    with pytest.raises(ValueError, match=rf"weight of 'prose' is {shown}"):
+        MixtureDataset(parts, {"code": 1.0, "prose": weight}, batch_size=10)
+
+
+def test_all_zero_weights_are_refused(parts):
+    with pytest.raises(ValueError, match=r"at step 4: every weight is 0.*positive weight"):
+        MixtureDataset(parts, [(0, {"code": 1}), (4, {"code": 0, "prose": 0})], batch_size=10)
+
+
+def test_components_with_different_tokenizers_are_refused(parts, tmp_path):
+    path = wordlevel_tokenizer(tmp_path / "words.json", ("<unk>", "<s>", "</s>", "<pad>"))
+    src = JsonlFiles("words", [str(write_jsonl(tmp_path / "w.jsonl", varied_texts(40, 9)))])
+    store = build_store([src], HfTokenizer(path), tmp_path / "words")
+    words = PackedDataset(store, seq_len=19, batch_size=10)
+    with pytest.raises(ValueError, match=r"components 'code' and 'words'.*different tokenizers"):
+        MixtureDataset({"code": parts["code"], "words": words}, {"code": 1, "words": 1},
+                       batch_size=10)  # fmt: skip
+
+
+def test_components_with_different_pad_ids_are_refused(parts):
+    other = PackedDataset(parts["prose"].store, seq_len=19, batch_size=10, pad_id=0)
+    with pytest.raises(ValueError, match=r"'code' and 'prose' pad with different ids \(258 and 0"):
+        MixtureDataset({"code": parts["code"], "prose": other}, {"code": 1}, batch_size=10)
 
 
 def test_stages_switch_weights_at_their_step(parts):
@@ -96,11 +177,11 @@ def test_all_exhausted_refuses_a_component_that_stops_being_drawn(parts):
 
 def test_steps_of_inverts_locate_across_stages(parts):
     stages = [(0, {"code": 0.5, "prose": 0.5}), (4, {"code": 0.2, "prose": 0.3, "math": 0.5})]
-    mix = MixtureDataset(parts, stages, batch_size=10, seed=7, block_size=5)
+    mix = MixtureDataset(parts, stages, batch_size=[(0, 7), (3, 8)], seed=7)
     max_step = 12
     expected: dict[tuple, set] = {}
     for step in range(max_step):
-        for row in range(10):
+        for row in range(mix.batch_size_at(step)):
             for p in mix.locate(step, row):
                 expected.setdefault((p.component, p.document), set()).add((step, row))
     for key in [("code", 0), ("prose", 5), ("math", 3), ("code", 30)]:
@@ -120,8 +201,6 @@ def test_mixture_errors_name_the_fix(parts):
         MixtureDataset(parts, {"web": 1.0}, batch_size=10)
     with pytest.raises(ValueError, match="first stage must start at step 0"):
         MixtureDataset(parts, [(5, {"code": 1.0})], batch_size=10)
-    with pytest.raises(ValueError, match="block_size=3.*must divide batch_size=10"):
-        MixtureDataset(parts, {"code": 1.0}, batch_size=10, block_size=3)
     with pytest.raises(ValueError, match="stop='never'"):
         MixtureDataset(parts, {"code": 1.0}, batch_size=10, stop="never")
     with pytest.raises(KeyError, match="unknown component 'web'"):
@@ -133,7 +212,7 @@ SCHEDULE = [(0, 4), (3, 8), (5, 12)]
 
 def test_batch_schedule_steps_read_consecutive_rows_with_exact_counts(parts):
     mix = MixtureDataset(parts, {"code": 0.5, "prose": 0.25, "math": 0.25}, batch_size=SCHEDULE)
-    assert mix.block_size == 4 and mix.batch_size is None
+    assert mix.batch_size is None
     assert [mix.rows_before(s) for s in range(7)] == [0, 4, 8, 12, 20, 28, 40]
     for step in range(7):
         size = mix.batch_size_at(step)
@@ -188,7 +267,18 @@ def test_batch_schedule_errors_name_the_fix(parts):
         MixtureDataset(parts, {"code": 1.0}, batch_size=[(2, 4)])
     with pytest.raises(ValueError, match=r"schedule steps must increase \(3 after 5\)"):
         MixtureDataset(parts, {"code": 1.0}, batch_size=[(0, 4), (5, 8), (3, 4)])
-    with pytest.raises(
-        ValueError, match=r"block_size=8\): must divide batch_size=4 \(from step 0\).*block_size=4"
-    ):
-        MixtureDataset(parts, {"code": 1.0}, batch_size=SCHEDULE, block_size=8)
+    with pytest.raises(ValueError, match=r"size 0 \(from step 3\) must be >= 1"):
+        MixtureDataset(parts, {"code": 1.0}, batch_size=[(0, 4), (3, 0)])
+
+
+def test_quota_sequences_stay_within_one_row_for_random_weights():
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        weights = tuple(int(w) for w in rng.integers(0, 60, int(rng.integers(2, 7))))
+        if sum(w > 0 for w in weights) < 2:
+            continue
+        q = quota_schedule(weights)
+        counts = np.cumsum(np.eye(len(weights), dtype=np.int64)[q.component], axis=0)
+        share = np.arange(1, q.period + 1)[:, None] * np.asarray(weights) / q.period
+        assert np.abs(counts - share).max() < 1, weights
+        assert counts[-1].tolist() == list(weights)  # the period closes: the sequence repeats

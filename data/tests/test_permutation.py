@@ -77,6 +77,11 @@ def test_feistel_is_deterministic_in_seed_and_length():
     x = np.arange(1001)
     assert np.array_equal(FeistelPermutation(1001, 7)(x), FeistelPermutation(1001, 7)(x))
     assert not np.array_equal(FeistelPermutation(1001, 7)(x), FeistelPermutation(1001, 8)(x))
+    # Another length is another mapping, even on the indices both share.
+    for other in (1002, 1000, 1024):
+        shared = np.arange(min(1001, other))
+        a, b = FeistelPermutation(1001, 7)(shared), FeistelPermutation(other, 7)(shared)
+        assert np.mean(a == b) < 0.05, other
 
 
 def test_feistel_output_is_pinned_across_versions():

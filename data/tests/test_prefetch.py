@@ -15,13 +15,52 @@ def test_prefetcher_yields_every_step_in_order():
         assert list(p) == [(s, s * 3) for s in range(7)]
 
 
-def test_prefetcher_keeps_at_most_depth_results_ahead():
+def _wait_for(condition, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_prefetcher_runs_exactly_depth_plus_one_steps_ahead():
     calls = []
     p = Prefetcher(lambda s: calls.append(s) or s, range(100), depth=2)
+    _wait_for(lambda: len(calls) >= 3)
+    time.sleep(0.2)  # and then no further
+    assert calls == [0, 1, 2]  # depth queued + one computed and waiting to be queued
+    it = iter(p)
+    assert next(it) == (0, 0)
+    _wait_for(lambda: len(calls) >= 4)
     time.sleep(0.2)
-    # depth queued + one computed and waiting to be queued
-    assert len(calls) <= 3
+    assert calls == [0, 1, 2, 3]
     p.close()
+
+
+def test_an_error_of_the_steps_iterator_is_raised_not_swallowed():
+    def steps():
+        yield 0
+        yield 1
+        raise OSError("lost the step list")
+
+    got = []
+    with pytest.raises(OSError, match="lost the step list"):
+        for step, _ in Prefetcher(lambda s: s, steps()):
+            got.append(step)
+    assert got == [0, 1]
+
+
+def test_close_from_another_thread_wakes_a_waiting_consumer():
+    p = Prefetcher(lambda s: time.sleep(0.3) or s, range(10**6), depth=1)
+    got, finished = [], threading.Event()
+
+    def consume():
+        for step, _ in p:
+            got.append(step)
+        finished.set()
+
+    threading.Thread(target=consume, daemon=True).start()
+    _wait_for(lambda: len(got) >= 1)
+    p.close()
+    assert finished.wait(timeout=5), "the consumer is still blocked after close()"
 
 
 def test_prefetcher_reraises_the_error_of_its_step():

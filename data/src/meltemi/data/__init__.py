@@ -24,6 +24,7 @@ from meltemi.data._mixture import DatasetExhausted, MixtureDataset, exact_counts
 from meltemi.data._parallel import Executor, FrayExecutor, InlineExecutor, ProcessExecutor
 from meltemi.data._prefetch import Prefetcher
 from meltemi.data._sources import (
+    Files,
     JsonlFiles,
     ParquetFiles,
     RawDocument,
@@ -33,7 +34,12 @@ from meltemi.data._sources import (
     parse_source,
     stdlib_corpus,
 )
-from meltemi.data._store import StoreError, TokenizerMismatchError, TokenStore
+from meltemi.data._store import (
+    SourcesChangedError,
+    StoreError,
+    TokenizerMismatchError,
+    TokenStore,
+)
 from meltemi.data._tokenizer import (
     ByteTokenizer,
     HfTokenizer,
@@ -59,6 +65,7 @@ __all__ = [
     "EraShuffle",
     "Executor",
     "FeistelPermutation",
+    "Files",
     "FrayExecutor",
     "HfTokenizer",
     "InlineExecutor",
@@ -73,6 +80,7 @@ __all__ = [
     "RawDocument",
     "Source",
     "SourceError",
+    "SourcesChangedError",
     "StoreError",
     "TextFiles",
     "TokenStore",

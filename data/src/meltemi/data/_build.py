@@ -23,15 +23,23 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import tensorstore as ts
 
-from meltemi.data._clean import CleanPolicy, ngram_hashes, truncate_runs
+from meltemi.data._clean import CleanPolicy, contains_any, ngram_hashes, truncate_runs
 from meltemi.data._parallel import Executor, make_executor
 from meltemi.data._sources import Source, SourceError, _file_stat
-from meltemi.data._store import FORMAT, StoreError, TokenStore, kvstore_spec, zarr_spec
+from meltemi.data._store import (
+    FORMAT,
+    StoreError,
+    TokenStore,
+    kvstore_spec,
+    source_records,
+    zarr_spec,
+)
 from meltemi.data._tokenizer import Tokenizer
 
 __all__ = ["build_store"]
 
 _MAX_PROBLEMS = 20  # problem locations kept per shard in the ledger
+_MAX_EXAMPLES = 5  # `file:line` examples kept per reason (per shard, and in meta.json)
 
 
 def _token_dtype(vocab_size: int) -> str:
@@ -70,14 +78,28 @@ class _ShardTask:
     tokenizer: Tokenizer
     policy: CleanPolicy
     chunk_tokens: int
-    eval_hashes: np.ndarray | None
+    eval_hashes: str | None  # a sorted .npy of evaluation n-gram hashes, loaded once per worker
+
+
+_EVAL_SETS: dict[str, np.ndarray] = {}  # per worker process: path -> memory-mapped hashes
+
+
+def _eval_set(path: str | None) -> np.ndarray | None:
+    """The evaluation hashes of a build, read once per worker (memory-mapped, shared pages)."""
+    if path is None:
+        return None
+    if path not in _EVAL_SETS:
+        _EVAL_SETS.clear()  # one build at a time per worker
+        _EVAL_SETS[path] = np.load(path, mmap_mode="r")
+    return _EVAL_SETS[path]
 
 
 def _clean(doc, policy: CleanPolicy, counts: collections.Counter) -> tuple[str | None, str]:
-    """Applies the policy: (text to keep or None, why it was dropped); counts every action."""
+    """Applies the policy: (text to keep or None, the reason it was dropped under); counts
+    every action."""
     if doc.problem is not None:
-        counts["malformed"] += 1
-        return None, doc.problem
+        counts[doc.reason or "malformed"] += 1
+        return None, doc.reason or "malformed"
     text = doc.text
     if isinstance(text, bytes):
         try:
@@ -85,7 +107,7 @@ def _clean(doc, policy: CleanPolicy, counts: collections.Counter) -> tuple[str |
         except UnicodeDecodeError:
             if policy.invalid_utf8 == "skip":
                 counts["invalid_utf8_skipped"] += 1
-                return None, "invalid UTF-8"
+                return None, "invalid_utf8_skipped"
             counts["invalid_utf8_replaced"] += 1
             text = text.decode("utf-8", errors="replace")
     if len(text) > policy.max_document_chars:
@@ -100,31 +122,38 @@ def _clean(doc, policy: CleanPolicy, counts: collections.Counter) -> tuple[str |
     return text, ""
 
 
-def _add(doc, task: _ShardTask, counts, problems, docs, locations) -> None:
+def _note(problems: list[str], examples: dict, reason: str, where: str) -> None:
+    """Keeps the first problems of a shard, and the first examples of each reason."""
+    if len(problems) < _MAX_PROBLEMS:
+        problems.append(where)
+    kept = examples.setdefault(reason, [])
+    if len(kept) < _MAX_EXAMPLES:
+        kept.append(where)
+
+
+def _add(doc, task: _ShardTask, counts, problems, examples, docs, locations) -> None:
     """Cleans, tokenizes and decontaminates one document, appending it if it is kept."""
     tok, policy = task.tokenizer, task.policy
     text, why = _clean(doc, policy, counts)
     if text is None:
-        if len(problems) < _MAX_PROBLEMS:
-            problems.append(f"{doc.location}: {why}")
+        _note(problems, examples, why, f"{doc.location}: {doc.problem or why}")
         return
     ids = tok.encode(text)
-    if task.eval_hashes is not None and len(task.eval_hashes):
-        h = ngram_hashes(ids, policy.ngram)
-        if len(h) and np.isin(h, task.eval_hashes).any():
-            counts["decontaminated"] += 1
-            return
+    eval_set = _eval_set(task.eval_hashes)
+    if eval_set is not None and contains_any(eval_set, ngram_hashes(ids, policy.ngram)):
+        counts["decontaminated"] += 1
+        return
     parts = []
-    if policy.add_bos:
+    if policy.add_bos and tok.bos_id is not None:  # a tokenizer without bos: none added
         parts.append(np.asarray([tok.bos_id], np.int32))
     parts.append(ids)
-    if policy.add_eos:
+    if policy.add_eos and tok.eos_id is not None:
         parts.append(np.asarray([tok.eos_id], np.int32))
     docs.append(np.concatenate(parts) if len(parts) > 1 else ids)
     locations.append(doc.location)
 
 
-def _read_guarded(source: Source, f: str, counts, problems) -> Iterator:
+def _read_guarded(source: Source, f: str, counts, problems, examples) -> Iterator:
     """The documents of one file; a corrupt or unreadable file ends early and is counted."""
     try:
         reader = iter(source.read(f))
@@ -138,7 +167,7 @@ def _read_guarded(source: Source, f: str, counts, problems) -> Iterator:
         raise  # misconfiguration (a missing column, a missing package): fix and rerun
     except Exception as e:  # keep what was read before the damage; count the file
         counts["unreadable_files"] += 1
-        problems.append(f"{f}: unreadable ({type(e).__name__}: {e})")
+        _note(problems, examples, "unreadable_files", f"{f}: unreadable ({type(e).__name__}: {e})")
 
 
 def _build_shard(task: _ShardTask) -> dict:
@@ -146,12 +175,13 @@ def _build_shard(task: _ShardTask) -> dict:
     tok = task.tokenizer
     counts: collections.Counter = collections.Counter()
     problems: list[str] = []
+    examples: dict[str, list[str]] = {}
     docs: list[np.ndarray] = []
     locations: list[str] = []
     input_bytes = 0
     for f in task.files:
-        for doc in _read_guarded(task.source, f, counts, problems):
-            _add(doc, task, counts, problems, docs, locations)
+        for doc in _read_guarded(task.source, f, counts, problems, examples):
+            _add(doc, task, counts, problems, examples, docs, locations)
         try:
             input_bytes += _file_stat(f)[0]
         except OSError:
@@ -178,11 +208,12 @@ def _build_shard(task: _ShardTask) -> dict:
         "input_bytes": input_bytes,
         "counts": dict(counts),
         "problems": problems,
+        "examples": examples,
     }
 
 
-def _plan(sources: Sequence[Source], shard_bytes: int, min_shards: int) -> list[dict]:
-    sized = [[(f, _file_stat(f)[0]) for f in source.files()] for source in sources]
+def _plan(listed: Sequence[list[str]], shard_bytes: int, min_shards: int) -> list[dict]:
+    sized = [[(f, _file_stat(f)[0]) for f in files] for files in listed]
     total = sum(size for files in sized for _, size in files)
     # Small corpora still get about `min_shards` shards, so that workers have work to share.
     shard_bytes = max(1, min(shard_bytes, total // max(1, min_shards)))
@@ -216,7 +247,16 @@ def _eval_hashes(sources: Sequence[Source], tok: Tokenizer, n: int) -> np.ndarra
                 if isinstance(text, bytes):
                     text = text.decode("utf-8", errors="replace")
                 hashes.append(ngram_hashes(tok.encode(text), n))
-    return np.unique(np.concatenate(hashes)) if hashes else np.zeros(0, np.uint64)
+    return np.unique(np.concatenate(hashes)) if hashes else np.zeros(0, np.uint64)  # sorted
+
+
+def _special(tok: Tokenizer, what: str) -> str:
+    """`"none"`, the token string, or `"id N"` for a tokenizer without token strings."""
+    i = getattr(tok, f"{what}_id")
+    if i is None:
+        return "none"
+    name = getattr(tok, f"{what}_token", None)
+    return name if name is not None else f"id {i}"
 
 
 def _read_ledger(path: str) -> dict[int, dict]:
@@ -292,7 +332,7 @@ def build_store(
     >>> _ = (d / "a.jsonl").write_text('{"text": "hi"}\\n{oops\\n{"text": "yo"}\\n')
     >>> store = build_store([JsonlFiles("a", [str(d / "a.jsonl")])], ByteTokenizer(), d / "s")
     >>> store.num_documents, store.skipped
-    (2, {'malformed': 1})
+    (2, {'malformed_json': 1})
     >>> ByteTokenizer().decode(store.document(1))
     'yo'
     """
@@ -308,7 +348,8 @@ def build_store(
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
         raise ValueError(f"build_store: source names must be unique, got {names}")
-    shards = _plan(sources, shard_bytes, min_shards)
+    listed = [s.files() for s in sources]  # listed once for the plan, fingerprints and records
+    shards = _plan(listed, shard_bytes, min_shards)
     options = dataclasses.asdict(policy) | {"chunk_tokens": chunk_tokens}
     plan = {
         "format": FORMAT,
@@ -319,8 +360,14 @@ def build_store(
             "bos_id": tokenizer.bos_id,
             "eos_id": tokenizer.eos_id,
             "pad_id": tokenizer.pad_id,
+            # What each document is wrapped in: a token, or "none" (not added).
+            "bos": _special(tokenizer, "bos") if policy.add_bos else "none",
+            "eos": _special(tokenizer, "eos") if policy.add_eos else "none",
         },
-        "sources": [{"name": s.name, "fingerprint": s.fingerprint()} for s in sources],
+        "sources": [
+            {"name": s.name, "fingerprint": s.fingerprint(files)}
+            for s, files in zip(sources, listed, strict=True)
+        ],
         "decontaminate": [{"name": s.name, "fingerprint": s.fingerprint()} for s in decontaminate],
         "options": options,
         "token_dtype": _token_dtype(tokenizer.vocab_size),
@@ -333,6 +380,7 @@ def build_store(
             plan,
             shards,
             sources=sources,
+            listed=listed,
             tokenizer=tokenizer,
             policy=policy,
             decontaminate=decontaminate,
@@ -366,6 +414,7 @@ def _build_locked(
     shards: list[dict],
     *,
     sources: Sequence[Source],
+    listed: Sequence[list[str]],
     tokenizer: Tokenizer,
     policy: CleanPolicy,
     decontaminate: Sequence[Source],
@@ -391,16 +440,23 @@ def _build_locked(
     else:
         _write_atomic(path, "build.json", plan)
     if os.path.exists(os.path.join(path, "meta.json")):
-        return TokenStore.open(path, tokenizer)
+        return TokenStore.open(path, tokenizer)  # checks that the sources did not change
 
     for entry in os.listdir(os.path.join(path, "shards")):
         if ".tmp-" in entry:  # debris of a killed worker
             shutil.rmtree(os.path.join(path, "shards", entry), ignore_errors=True)
+    for entry in os.listdir(path):
+        if entry.startswith(".eval-hashes-"):  # left by a killed build
+            os.remove(os.path.join(path, entry))
     done = _read_ledger(path)
     todo = [s for s in shards if s["id"] not in done]
     if stop_after_shards is not None:
         todo = todo[:stop_after_shards]
-    eval_hashes = _eval_hashes(decontaminate, tokenizer, policy.ngram) if todo else None
+    eval_hashes = None
+    if todo and decontaminate:  # written once; each worker maps it once (not one copy a task)
+        hashes = _eval_hashes(decontaminate, tokenizer, policy.ngram)
+        eval_hashes = os.path.join(path, f".eval-hashes-{uuid.uuid4().hex[:8]}.npy")
+        np.save(eval_hashes, hashes)
     tasks = [
         _ShardTask(
             path=path,
@@ -415,21 +471,36 @@ def _build_locked(
         for s in todo
     ]
     start = time.perf_counter()
-    with open(os.path.join(path, "ledger.jsonl"), "a") as ledger:
-        for entry in executor.map_unordered(_build_shard, tasks):
-            ledger.write(json.dumps(entry, sort_keys=True) + "\n")
-            ledger.flush()
-            os.fsync(ledger.fileno())
-            done[entry["shard"]] = entry
-            if progress is not None:
-                progress(len(done), len(shards))
+    try:
+        with open(os.path.join(path, "ledger.jsonl"), "a") as ledger:
+            for entry in executor.map_unordered(_build_shard, tasks):
+                ledger.write(json.dumps(entry, sort_keys=True) + "\n")
+                ledger.flush()
+                os.fsync(ledger.fileno())
+                done[entry["shard"]] = entry
+                if progress is not None:
+                    progress(len(done), len(shards))
+    finally:
+        if eval_hashes is not None:
+            os.remove(eval_hashes)
     elapsed = time.perf_counter() - start
     if len(done) < len(shards):
         return None
-    return _finalise(path, plan, shards, done, elapsed, tokenizer)
+    files = [(s.name, f) for s, fs in zip(sources, listed, strict=True) for f in fs]
+    return _finalise(path, plan, shards, done, elapsed, tokenizer, source_records(files))
 
 
-def _finalise(path, plan, shards, done, elapsed, tokenizer) -> TokenStore:
+def _merge_examples(per_shard) -> dict[str, list[str]]:
+    """The first `_MAX_EXAMPLES` `file:line` examples of each reason, in shard order."""
+    out: dict[str, list[str]] = {}
+    for examples in per_shard:
+        for reason, where in examples.items():
+            kept = out.setdefault(reason, [])
+            kept += where[: _MAX_EXAMPLES - len(kept)]
+    return dict(sorted(out.items()))
+
+
+def _finalise(path, plan, shards, done, elapsed, tokenizer, files) -> TokenStore:
     per_source: dict[str, dict] = {}
     skipped: collections.Counter = collections.Counter()
     for s in shards:
@@ -463,7 +534,9 @@ def _finalise(path, plan, shards, done, elapsed, tokenizer) -> TokenStore:
             for s in shards
         ],
         "problems": [p for s in shards for p in done[s["id"]]["problems"]][:100],
+        "examples": _merge_examples(done[s["id"]].get("examples", {}) for s in shards),
         "last_build_seconds": round(elapsed, 3),
+        "source_files": files,
     }
     _write_atomic(path, "meta.json", meta)
     return TokenStore.open(path, tokenizer)

@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-__all__ = ["CleanPolicy", "ngram_hashes", "truncate_runs"]
+__all__ = ["CleanPolicy", "contains_any", "ngram_hashes", "truncate_runs"]
 
 # Unicode whitespace (str.isspace() is True for exactly these code points): a run of mixed
 # whitespace counts as one run. A lookup table indexed by min(code point, _TOP) classifies them.
@@ -105,3 +105,17 @@ def ngram_hashes(tokens: np.ndarray, n: int) -> np.ndarray:
     h *= np.uint64(0x94D049BB133111EB)
     h ^= h >> np.uint64(31)
     return h
+
+
+def contains_any(sorted_set: np.ndarray, values: np.ndarray) -> bool:
+    """Whether any of `values` is in `sorted_set` (sorted ascending): a binary search per
+    value, O(len(values) log len(sorted_set)), where `np.isin` would sort the whole set again.
+
+    >>> contains_any(np.array([2, 5, 9], np.uint64), np.array([4, 9], np.uint64))
+    True
+    """
+    if not len(sorted_set) or not len(values):
+        return False
+    at = np.searchsorted(sorted_set, values)
+    at[at == len(sorted_set)] = 0
+    return bool((sorted_set[at] == values).any())

@@ -3,8 +3,9 @@
 A `PackedDataset` turns a `TokenStore` into fixed-length sequences:
 
 * documents are put in a Feistel order (`seed`), then packed: `mode="stream"` concatenates
-  them and cuts every `seq_len` tokens; `mode="document"` packs greedily, never splitting a
-  document shorter than `seq_len` (longer ones are cut into `seq_len` pieces), padding the rest;
+  them and cuts every `seq_len` tokens; `mode="document"` never splits a document shorter than
+  `seq_len` (longer ones are cut into `seq_len` pieces) and pads the rest, packing next-fit in
+  document order or first-fit-decreasing within windows of documents (`_packing.py`);
 * the packed sequences are visited in a fresh Feistel order each epoch;
 * global row `g = step * batch_size + r` is sequence `g % Q` of epoch `g // Q` (Q sequences per
   epoch). A batch is therefore a pure function of (store, config, seed, step), whatever the
@@ -13,11 +14,11 @@ A `PackedDataset` turns a `TokenStore` into fixed-length sequences:
 
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 import numpy as np
 
+from meltemi.data._packing import pack_ffd, pack_next_fit, padding_fraction
 from meltemi.data._store import TokenStore
 from meltemi.data.permutation import FeistelPermutation, derive_seed
 
@@ -66,24 +67,30 @@ def batch_rows(batch_size: int, step: int, process_index: int, process_count: in
 
 
 def assemble(
-    rows: list[list[Piece]], reads: list[np.ndarray], seq_len: int, pad_id: int
+    row: np.ndarray,
+    row_offset: np.ndarray,
+    length: np.ndarray,
+    tokens_flat: np.ndarray,
+    rows: int,
+    seq_len: int,
+    pad_id: int,
 ) -> dict[str, np.ndarray]:
-    """Builds the batch arrays from each row's pieces and the tokens read for them."""
-    n = len(rows)
-    tokens = np.full((n, seq_len), pad_id, np.int32)
-    segment_ids = np.zeros((n, seq_len), np.int32)
-    positions = np.zeros((n, seq_len), np.int32)
-    k = 0
-    for r, pieces in enumerate(rows):
-        for seg, piece in enumerate(pieces, start=1):
-            lo, hi = piece.row_offset, piece.row_offset + piece.length
-            tokens[r, lo:hi] = reads[k]
-            segment_ids[r, lo:hi] = seg
-            positions[r, lo:hi] = np.arange(piece.length, dtype=np.int32)
-            k += 1
-    same = np.zeros((n, seq_len), bool)
+    """Builds the batch arrays from pieces (`row`, `row_offset`, `length`, sorted by row then
+    row offset) and their tokens, concatenated in piece order."""
+    tokens = np.full((rows, seq_len), pad_id, np.int32)
+    segment_ids = np.zeros((rows, seq_len), np.int32)
+    positions = np.zeros((rows, seq_len), np.int32)
+    if len(length):
+        first_of_row = np.searchsorted(row, row, side="left")  # first piece of each piece's row
+        seg = (np.arange(len(row)) - first_of_row + 1).astype(np.int32)
+        within = np.arange(len(tokens_flat)) - np.repeat(np.cumsum(length) - length, length)
+        to = np.repeat(row * seq_len + row_offset, length) + within
+        tokens.reshape(-1)[to] = tokens_flat
+        segment_ids.reshape(-1)[to] = np.repeat(seg, length)
+        positions.reshape(-1)[to] = within
+    same = np.zeros((rows, seq_len), bool)
     same[:, :-1] = (segment_ids[:, 1:] == segment_ids[:, :-1]) & (segment_ids[:, :-1] > 0)
-    targets = np.full((n, seq_len), pad_id, np.int32)
+    targets = np.full((rows, seq_len), pad_id, np.int32)
     targets[:, :-1] = np.where(same[:, :-1], tokens[:, 1:], pad_id)
     return {
         "tokens": tokens,
@@ -92,43 +99,6 @@ def assemble(
         "segment_ids": segment_ids,
         "positions": positions,
     }
-
-
-@dataclasses.dataclass(frozen=True)
-class _DocumentPlan:
-    """Greedy whole-document packing: piece arrays and each sequence's slice of them."""
-
-    pos: np.ndarray  # position of the piece's document in the document order
-    offset: np.ndarray  # token offset inside the document
-    length: np.ndarray
-    row_offset: np.ndarray
-    seq_start: np.ndarray  # pieces of sequence q: [seq_start[q], seq_start[q + 1])
-
-
-def _pack_documents(lengths_in_order: np.ndarray, seq_len: int) -> _DocumentPlan:
-    pos, off, ln, row_off, seq_start = [], [], [], [], [0]
-    fill = 0
-    for p, total in enumerate(lengths_in_order.tolist()):
-        start = 0
-        while total - start >= seq_len:  # long documents: whole sequences of seq_len
-            if fill:
-                seq_start.append(len(pos))
-                fill = 0
-            pos.append(p), off.append(start), ln.append(seq_len), row_off.append(0)
-            seq_start.append(len(pos))
-            start += seq_len
-        rest = total - start
-        if rest == 0:
-            continue
-        if fill + rest > seq_len:
-            seq_start.append(len(pos))
-            fill = 0
-        pos.append(p), off.append(start), ln.append(rest), row_off.append(fill)
-        fill += rest
-    if fill:
-        seq_start.append(len(pos))
-    as64 = lambda x: np.asarray(x, np.int64)
-    return _DocumentPlan(as64(pos), as64(off), as64(ln), as64(row_off), as64(seq_start))
 
 
 class PackedDataset:
@@ -142,6 +112,10 @@ class PackedDataset:
         mode: "stream" (concatenate and cut; no padding) or "document" (never split a
             document shorter than `seq_len`; pad).
         pad_id: filler token (default: the store's tokenizer pad id).
+        packing: in document mode, "next_fit" (rows in document order; the default) or
+            "ffd" (first-fit-decreasing within windows of `pack_window` documents: much less
+            padding; `padding_fraction` reports it).
+        pack_window: documents per first-fit-decreasing window.
 
     Each batch is a dict of numpy arrays of shape (rows, seq_len): `tokens`, `targets` (the next
     token in the same document piece, else pad), `loss_mask` (float32, 1 where `targets` is
@@ -157,9 +131,13 @@ class PackedDataset:
         seed: int = 0,
         mode: str = "stream",
         pad_id: int | None = None,
+        packing: str = "next_fit",
+        pack_window: int = 1024,
     ):
         if mode not in ("stream", "document"):
             raise ValueError(f"PackedDataset(mode={mode!r}): use 'stream' or 'document'")
+        if packing not in ("next_fit", "ffd"):
+            raise ValueError(f"PackedDataset(packing={packing!r}): use 'next_fit' or 'ffd'")
         for name, value in (("seq_len", seq_len), ("batch_size", batch_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"PackedDataset({name}={value!r}): need an int >= 1")
@@ -170,6 +148,8 @@ class PackedDataset:
         self.batch_size = batch_size
         self.seed = seed
         self.mode = mode
+        self.packing = packing
+        self.pack_window = pack_window
         self.pad_id = int(store.metadata["tokenizer"]["pad_id"] if pad_id is None else pad_id)
         self.document_order = FeistelPermutation(store.num_documents, derive_seed(seed, 0))
         self._order = self.document_order(np.arange(store.num_documents))  # doc at position p
@@ -183,9 +163,13 @@ class PackedDataset:
                     f"use a shorter seq_len or mode='document'"
                 )
             self.num_sequences = total // seq_len
+            self._lengths_in_order = lengths
         else:
-            self._plan = _pack_documents(lengths, seq_len)
-            self.num_sequences = len(self._plan.seq_start) - 1
+            if packing == "ffd":
+                self._plan = pack_ffd(lengths, seq_len, pack_window)
+            else:
+                self._plan = pack_next_fit(lengths, seq_len)
+            self.num_sequences = self._plan.num_sequences
             self._pieces_by_pos: np.ndarray | None = None
         self._epoch_perms: dict[int, FeistelPermutation] = {}
 
@@ -218,29 +202,43 @@ class PackedDataset:
             out[sel] = self._epoch_perm(e)(within[sel])
         return out
 
-    def _pieces(self, q: int) -> list[Piece]:
-        s = self.seq_len
-        pieces = []
+    @property
+    def padding_fraction(self) -> float:
+        """The share of row tokens that are padding in one epoch (0 in stream mode)."""
+        return 0.0 if self.mode == "stream" else padding_fraction(self._plan, self.seq_len)
+
+    def _piece_arrays(self, packed: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(row, document, token offset, length, row offset) of every piece of the packed
+        sequences `packed` (row i is `packed[i]`), sorted by row then row offset."""
+        packed = np.asarray(packed, np.int64)
         if self.mode == "stream":
-            start, end = q * s, (q + 1) * s
-            p = int(np.searchsorted(self._cum_end, start, side="right"))
-            while p < len(self._cum_end):
-                doc_end = int(self._cum_end[p])
-                doc_start = doc_end - int(self.store.document_lengths[self._order[p]])
-                if doc_start >= end:
-                    break
-                lo = max(start, doc_start)
-                hi = min(end, doc_end)
-                pieces.append(Piece(None, int(self._order[p]), lo - doc_start, hi - lo, lo - start))
-                p += 1
-            return pieces
+            start = packed * self.seq_len
+            first = np.searchsorted(self._cum_end, start, side="right")
+            last = np.searchsorted(self._cum_end, start + self.seq_len - 1, side="right")
+            count = last - first + 1
+            row = np.repeat(np.arange(len(packed)), count)
+            pos = np.repeat(first - (np.cumsum(count) - count), count) + np.arange(len(row))
+            doc_end = self._cum_end[pos]
+            doc_start = doc_end - self._lengths_in_order[pos]
+            row_start = start[row]
+            lo = np.maximum(row_start, doc_start)
+            hi = np.minimum(row_start + self.seq_len, doc_end)
+            keep = hi > lo  # empty documents leave no piece
+            row, pos, lo, hi, row_start = row[keep], pos[keep], lo[keep], hi[keep], row_start[keep]
+            return row, self._order[pos], lo - doc_start[keep], hi - lo, lo - row_start
         plan = self._plan
-        for k in range(int(plan.seq_start[q]), int(plan.seq_start[q + 1])):
-            doc = int(self._order[plan.pos[k]])
-            pieces.append(
-                Piece(None, doc, int(plan.offset[k]), int(plan.length[k]), int(plan.row_offset[k]))
-            )
-        return pieces
+        count = plan.seq_start[packed + 1] - plan.seq_start[packed]
+        row = np.repeat(np.arange(len(packed)), count)
+        k = np.repeat(plan.seq_start[packed] - (np.cumsum(count) - count), count)
+        k = k + np.arange(len(row))
+        return row, self._order[plan.pos[k]], plan.offset[k], plan.length[k], plan.row_offset[k]
+
+    def _pieces(self, q: int) -> list[Piece]:
+        _, doc, offset, length, row_offset = self._piece_arrays(np.asarray([q]))
+        return [
+            Piece(None, int(d), int(o), int(n), int(r))
+            for d, o, n, r in zip(doc, offset, length, row_offset, strict=True)
+        ]
 
     def locate_sequence(self, index: int) -> list[Piece]:
         """The pieces of global sequence `index` (epochs included)."""
@@ -250,13 +248,10 @@ class PackedDataset:
 
     def sequences(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         """The rows of global sequence indices (epochs included)."""
-        indices = np.asarray(indices, np.int64)
-        rows = [self._pieces(int(q)) for q in self._packed_of(indices)]
-        return self._read(rows)
-
-    def _read(self, rows: list[list[Piece]]) -> dict[str, np.ndarray]:
-        flat = [(p.document, p.token_offset, p.token_offset + p.length) for r in rows for p in r]
-        return assemble(rows, self.store.read(flat), self.seq_len, self.pad_id)
+        indices = np.asarray(indices, np.int64).reshape(-1)
+        row, doc, offset, length, row_offset = self._piece_arrays(self._packed_of(indices))
+        flat = self.store.read_flat(doc, offset, offset + length)
+        return assemble(row, row_offset, length, flat, len(indices), self.seq_len, self.pad_id)
 
     def batch(self, step: int, process_index: int = 0, process_count: int = 1) -> dict:
         """The rows of `step` owned by `process_index` (of `process_count`); see class doc."""

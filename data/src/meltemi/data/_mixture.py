@@ -1,26 +1,27 @@
-"""Mixtures of packed datasets with exact per-block counts and weight stages.
+"""Mixtures of packed datasets whose weights hold at every row, with weight stages.
 
-Rows are grouped in blocks of `block_size` (default: the largest size that divides every
-batch, so each batch holds whole blocks). Block `j` uses the weights of the stage active at
-its first row, turned into exact integer counts (largest remainder); a Feistel permutation of
-the block's slots decides which slot draws from which component. Component `c`'s draws are
-numbered consecutively across blocks, so the `i`-th draw is sequence `i` of that component
-(epochs included) and the proportions hold exactly in every block, whatever the scale.
+Which component global row `g` draws from depends only on the weights of the stage holding
+`g` and on `g` itself: the stage's weights become integers `W` summing to a period `D`
+(`_apportion.integer_weights`), and one period of `D` slots is a quota sequence in which,
+after any number of rows, every component is within one row of its share. Row `g` is slot
+`(g - first row of its stage) mod D`. The batch size plays no part, so the weights hold for
+any batch size, batch-size schedule and number of hosts. Component `c`'s draws are numbered
+consecutively across periods and stages, so its `i`-th draw is its sequence `i` (epochs
+included), and provenance inverts the same arithmetic.
 
-Global row `g` is a pure function of (components, weights, batch sizes, seed, g): `batch(step)`
+Global row `g` is a pure function of (components, weights, batch sizes, g): `batch(step)`
 reads the rows of a step, `sequences(indices)` any rows, which is what a trainer with a
 batch-size schedule needs (step `s` starts at the row after every row of the steps before it).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from meltemi.data._apportion import QuotaSchedule, check_weights, integer_weights, quota_schedule
 from meltemi.data._dataset import PackedDataset, Piece, batch_rows
-from meltemi.data.permutation import FeistelPermutation, derive_seed
 
 __all__ = ["DatasetExhausted", "MixtureDataset", "exact_counts"]
 
@@ -32,10 +33,14 @@ class DatasetExhausted(IndexError):
 def exact_counts(weights: Sequence[float], total: int) -> np.ndarray:
     """Integer counts summing to `total`, proportional to `weights` (largest remainder).
 
+    Raises:
+        ValueError: a weight is NaN, infinite or negative, or every weight is 0.
+
     >>> exact_counts([0.5, 0.3, 0.2], 7).tolist()
     [4, 2, 1]
     """
-    w = np.asarray(weights, np.float64)
+    names = [f"weights[{i}]" for i in range(len(weights))]
+    w = check_weights(weights, names, f"exact_counts(total={total})")
     raw = w / w.sum() * total
     counts = np.floor(raw).astype(np.int64)
     rest = total - int(counts.sum())
@@ -76,17 +81,44 @@ def _batch_segments(batch_size) -> tuple[tuple[int, int], ...]:
     return segments
 
 
+def _check_same_tokens(components: Mapping[str, PackedDataset]) -> None:
+    """Refuses components whose rows would hold different id spaces (names both)."""
+    items = list(components.items())
+    first, ref = items[0]
+    ref_tok = ref.store.metadata["tokenizer"]
+    for name, ds in items[1:]:
+        tok = ds.store.metadata["tokenizer"]
+        if tok["fingerprint"] != ref_tok["fingerprint"]:
+            raise ValueError(
+                f"MixtureDataset: components {first!r} and {name!r} were built with different "
+                f"tokenizers ({first!r}: {ref_tok['name']}, vocab {ref_tok['vocab_size']}, "
+                f"fingerprint {ref_tok['fingerprint'][:12]}; {name!r}: {tok['name']}, vocab "
+                f"{tok['vocab_size']}, fingerprint {tok['fingerprint'][:12]}), so one batch "
+                f"would mix two id spaces; build every component's store with one tokenizer"
+            )
+        if ds.pad_id != ref.pad_id:
+            raise ValueError(
+                f"MixtureDataset: components {first!r} and {name!r} pad with different ids "
+                f"({ref.pad_id} and {ds.pad_id}); pass the same PackedDataset(pad_id=...)"
+            )
+
+
 class MixtureDataset:
-    """Draws rows from several `PackedDataset`s by weight, with exact counts per block.
+    """Draws rows from several `PackedDataset`s by weight; the weights hold at every row.
+
+    After any number of rows of a stage, each component has drawn within one row of its share
+    (weights that are ratios with a common denominator up to 65,536 are exact; others are
+    rounded to multiples of 1/65,536), whatever the batch size or its schedule.
 
     Args:
-        components: name -> dataset; all must share `seq_len`.
+        components: name -> dataset; all must share `seq_len`, tokenizer and pad id.
         weights: name -> weight, or stages `[(start_step, {name: weight}), ...]` (the first
             stage starts at step 0; from `start_step` on, that stage's weights apply).
+            Weights are finite and >= 0 with a positive sum; they need not sum to 1.
         batch_size: global rows per step, or a schedule `[(start_step, size), ...]` (first at
             step 0): each step's rows follow every row of the steps before it.
-        seed: fixes which slot of each block draws from which component.
-        block_size: rows per block; must divide every batch size (default: their gcd).
+        seed: kept for the datasets' configuration record; the layout of rows depends only on
+            the weights (each component's own order comes from its `PackedDataset` seed).
         stop: "restart" (components cycle through epochs forever), "first_exhausted" (end
             before any component repeats a sequence) or "all_exhausted" (end once every
             component has been seen whole; earlier finishers restart).
@@ -106,8 +138,8 @@ class MixtureDataset:
         ...                      batch_size=[(0, 4), (2, 8)])
         >>> [mix.batch_size_at(s) for s in range(4)], mix.rows_before(3)
         ([4, 4, 8, 8], 16)
-        >>> sorted(mix.sequences(range(16, 24))["component"].tolist())
-        [0, 0, 0, 0, 0, 0, 1, 1]
+        >>> mix.sequences(range(16, 24))["component"].tolist()
+        [0, 0, 1, 0, 0, 0, 1, 0]
     """
 
     def __init__(
@@ -117,7 +149,6 @@ class MixtureDataset:
         *,
         batch_size: int | Sequence[tuple[int, int]],
         seed: int = 0,
-        block_size: int | None = None,
         stop: str = "restart",
     ):
         if not components:
@@ -127,20 +158,12 @@ class MixtureDataset:
         lens = {n: c.seq_len for n, c in self.components.items()}
         if len(set(lens.values())) != 1:
             raise ValueError(f"MixtureDataset: components disagree on seq_len: {lens}")
+        _check_same_tokens(self.components)
         self.seq_len = next(iter(lens.values()))
         self.batch_segments = _batch_segments(batch_size)
         sizes = [n for _, n in self.batch_segments]
         #: The batch size when it is constant, else None (see `batch_size_at`).
         self.batch_size = sizes[0] if len(set(sizes)) == 1 else None
-        self.block_size = math.gcd(*sizes) if block_size is None else block_size
-        for start, size in self.batch_segments:
-            if self.block_size < 1 or size % self.block_size:
-                where = f" (from step {start})" if len(sizes) > 1 else ""
-                raise ValueError(
-                    f"MixtureDataset(block_size={block_size}): must divide batch_size={size}"
-                    f"{where}; use a divisor of every batch size, e.g. "
-                    f"block_size={math.gcd(*sizes)}"
-                )
         self._seg_starts = np.asarray([s for s, _ in self.batch_segments], np.int64)
         self._seg_sizes = np.asarray(sizes, np.int64)
         self._seg_rows = np.zeros(len(sizes), np.int64)  # first row of each segment
@@ -156,7 +179,7 @@ class MixtureDataset:
         self.seed = seed
         self.pad_id = next(iter(self.components.values())).pad_id
         stages = [(0, weights)] if isinstance(weights, Mapping) else list(weights)
-        self._stage_blocks, self._stage_counts = self._parse_stages(stages)
+        self._stage_rows, self._schedules = self._parse_stages(stages)
         self._cum_at_stage = self._cumulative_at_stages()
         self.num_steps = self._compute_num_steps()
         #: Rows before the end (None when infinite): `sequences` refuses rows past it.
@@ -180,15 +203,15 @@ class MixtureDataset:
         steps, within = divmod(int(row) - int(self._seg_rows[k]), int(self._seg_sizes[k]))
         return int(self._seg_starts[k]) + steps, within
 
-    # -- stages and blocks ----------------------------------------------------------------------
+    # -- stages and quota sequences -------------------------------------------------------------
 
-    def _parse_stages(self, stages) -> tuple[np.ndarray, np.ndarray]:
+    def _parse_stages(self, stages) -> tuple[np.ndarray, list[QuotaSchedule]]:
         if not stages or stages[0][0] != 0:
             raise ValueError(
                 f"MixtureDataset(weights=...): the first stage must start at step 0, got "
                 f"{[s for s, _ in stages]}; e.g. [(0, {{'a': 0.7, 'b': 0.3}}), (1000, ...)]"
             )
-        blocks, counts = [], []
+        rows, schedules = [], []
         last = -1
         for start, w in stages:
             if start <= last:
@@ -200,47 +223,49 @@ class MixtureDataset:
                     f"MixtureDataset: weights name unknown components {sorted(unknown)}; "
                     f"components are {self.names}"
                 )
-            vec = [float(w.get(n, 0.0)) for n in self.names]
-            if any(v < 0 for v in vec) or sum(vec) <= 0:
-                raise ValueError(
-                    f"MixtureDataset: weights {dict(w)} at step {start} must be >= 0 with a "
-                    f"positive sum"
-                )
-            # Every batch size is a multiple of block_size, so a step starts on a block.
-            blocks.append(self.rows_before(start) // self.block_size)
-            counts.append(exact_counts(vec, self.block_size))
-        return np.asarray(blocks, np.int64), np.asarray(counts, np.int64)
+            where = "MixtureDataset(weights=...)" + (f" at step {start}" if start else "")
+            vec = check_weights([w.get(n, 0.0) for n in self.names], self.names, where)
+            rows.append(self.rows_before(start))
+            schedules.append(quota_schedule(integer_weights(vec)))
+        return np.asarray(rows, np.int64), schedules
+
+    def _stage_draws(self, k: int, c: int, local: np.ndarray) -> np.ndarray:
+        """Draws of component `c` in the first `local` rows of stage `k`."""
+        q = self._schedules[k]
+        periods, slot = np.divmod(np.asarray(local, np.int64), q.period)
+        return periods * q.weights[c] + q.count_before(c, slot)
 
     def _cumulative_at_stages(self) -> np.ndarray:
-        cum = np.zeros((len(self._stage_blocks), len(self.names)), np.int64)
-        for k in range(1, len(self._stage_blocks)):
-            span = self._stage_blocks[k] - self._stage_blocks[k - 1]
-            cum[k] = cum[k - 1] + span * self._stage_counts[k - 1]
+        """Draws per component before each stage: shape (stages, components)."""
+        cum = np.zeros((len(self._stage_rows), len(self.names)), np.int64)
+        for k in range(1, len(self._stage_rows)):
+            span = int(self._stage_rows[k] - self._stage_rows[k - 1])
+            for c in range(len(self.names)):
+                cum[k, c] = cum[k - 1, c] + int(self._stage_draws(k - 1, c, span))
         return cum
 
-    def _stage_of(self, block: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self._stage_blocks, block, side="right") - 1
+    def _draws_before(self, c: int, row: int) -> int:
+        """Draws of component `c` in global rows `[0, row)`."""
+        k = int(np.searchsorted(self._stage_rows, row, side="right")) - 1
+        local = int(row) - int(self._stage_rows[k])
+        return int(self._cum_at_stage[k, c]) + int(self._stage_draws(k, c, local))
 
-    def _cumulative(self, block: np.ndarray) -> np.ndarray:
-        """Draws per component in blocks [0, block): shape (len(block), components)."""
-        block = np.asarray(block, np.int64)
-        k = self._stage_of(block)
-        span = (block - self._stage_blocks[k])[:, None]
-        return self._cum_at_stage[k] + span * self._stage_counts[k]
-
-    def _block_of_draw(self, c: int, i: int) -> int:
-        """The block in which component c makes its i-th draw (or -1 if it never does)."""
-        stages = len(self._stage_blocks)
+    def _rows_of_draws(self, c: int, draws: np.ndarray) -> np.ndarray:
+        """The global row of each draw of component `c` (-1 where it never happens)."""
+        draws = np.asarray(draws, np.int64)
+        out = np.full(draws.shape, -1, np.int64)
+        stages = len(self._stage_rows)
         for k in range(stages):
-            n = int(self._stage_counts[k, c])
+            q = self._schedules[k]
+            n = q.weights[c]
             lo = int(self._cum_at_stage[k, c])
-            end_block = self._stage_blocks[k + 1] if k + 1 < stages else None
-            if n == 0:
+            hi = int(self._cum_at_stage[k + 1, c]) if k + 1 < stages else None
+            sel = (draws >= lo) & (True if hi is None else draws < hi)
+            if n == 0 or not np.any(sel):
                 continue
-            j = int(self._stage_blocks[k]) + (i - lo) // n
-            if i >= lo and (end_block is None or j < end_block):
-                return j
-        return -1
+            periods, r = np.divmod(draws[sel] - lo, n)
+            out[sel] = self._stage_rows[k] + periods * q.period + q.slots[c][r]
+        return out
 
     def _compute_num_steps(self) -> int | None:
         if self.stop == "restart":
@@ -248,36 +273,35 @@ class MixtureDataset:
         ends = []
         for c, name in enumerate(self.names):
             q = self.components[name].num_sequences
-            # first_exhausted: the block that would make draw q (a repeat); all: draw q - 1.
-            j = self._block_of_draw(c, q if self.stop == "first_exhausted" else q - 1)
-            if j < 0:
+            # first_exhausted: the row that would make draw q (a repeat); all: draw q - 1.
+            row = int(self._rows_of_draws(c, [q if self.stop == "first_exhausted" else q - 1])[0])
+            if row < 0:
                 if self.stop == "all_exhausted":
                     raise ValueError(
                         f"MixtureDataset(stop='all_exhausted'): component {name!r} gets weight "
                         f"0 from some stage on and is never exhausted; use stop='restart'"
                     )
                 continue
-            ends.append(j)
+            ends.append(row)
         if not ends:
             return None
         if self.stop == "first_exhausted":  # end before the step holding the first repeat
-            return self.step_of_row(min(ends) * self.block_size)[0]
-        return self.step_of_row((max(ends) + 1) * self.block_size - 1)[0] + 1
+            return self.step_of_row(min(ends))[0]
+        return self.step_of_row(max(ends))[0] + 1
 
     def _assign(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(component index, component draw index) of each global row."""
-        blocks, slots = np.divmod(rows, self.block_size)
+        stage = np.searchsorted(self._stage_rows, rows, side="right") - 1
         comp = np.empty_like(rows)
         draw = np.empty_like(rows)
-        for j in np.unique(blocks).tolist():
-            sel = blocks == j
-            counts = self._stage_counts[self._stage_of(np.asarray([j]))[0]]
-            starts = np.concatenate([[0], np.cumsum(counts)])
-            perm = FeistelPermutation(self.block_size, derive_seed(self.seed, 2, j))
-            p = perm(slots[sel])
-            c = np.searchsorted(starts, p, side="right") - 1
+        for k in np.unique(stage).tolist():
+            sel = stage == k
+            q = self._schedules[k]
+            periods, slot = np.divmod(rows[sel] - self._stage_rows[k], q.period)
+            c = q.component[slot].astype(np.int64)
             comp[sel] = c
-            draw[sel] = self._cumulative(np.asarray([j]))[0][c] + (p - starts[c])
+            weights = np.asarray(q.weights, np.int64)
+            draw[sel] = self._cum_at_stage[k][c] + periods * weights[c] + q.rank[slot]
         return comp, draw
 
     # -- rows -------------------------------------------------------------------------------------
@@ -355,19 +379,11 @@ class MixtureDataset:
             raise KeyError(f"unknown component {component!r}; components are {self.names}")
         c = self.names.index(component)
         limit = int(limit)
-        draw_limit = int(self._cumulative(np.asarray([-(-limit // self.block_size)]))[0][c])
-        draws = self.components[component].sequence_indices_of(document, draw_limit)
-        found = []
-        for i in draws.tolist():
-            j = self._block_of_draw(c, i)
-            counts = self._stage_counts[self._stage_of(np.asarray([j]))[0]]
-            start_c = int(np.sum(counts[:c]))
-            p = start_c + i - int(self._cumulative(np.asarray([j]))[0][c])
-            perm = FeistelPermutation(self.block_size, derive_seed(self.seed, 2, j))
-            g = j * self.block_size + int(perm.inverse(p))
-            if g < limit:
-                found.append(g)
-        return np.asarray(sorted(found), np.int64)
+        draws = self.components[component].sequence_indices_of(
+            document, self._draws_before(c, limit)
+        )
+        rows = self._rows_of_draws(c, draws)
+        return np.sort(rows[(rows >= 0) & (rows < limit)])
 
     def steps_of(self, component: str, document: int, *, max_step: int) -> list[tuple[int, int]]:
         """Every (step, row) before `max_step` that used `document` of `component`."""

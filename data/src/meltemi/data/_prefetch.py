@@ -16,8 +16,9 @@ class Prefetcher:
     """Iterates `(step, transform(fn(step)))` over `steps`, keeping `depth` results ready.
 
     Work happens in one daemon thread (numpy and tensorstore release the GIL while they read
-    and copy). An exception raised by `fn` is re-raised by the iterator at the step that raised
-    it. Use it as a context manager, or call `close()`, to stop the thread early.
+    and copy). An exception raised by `fn`, or by the `steps` iterator, is re-raised by the
+    iterator where it happened. Use it as a context manager, or call `close()` (from any
+    thread: a consumer waiting for the next result then stops), to stop the thread early.
 
     >>> with Prefetcher(lambda s: s * s, range(4), depth=2) as p:
     ...     list(p)
@@ -53,8 +54,13 @@ class Prefetcher:
 
     def _run(self) -> None:
         try:
-            for step in self._steps:
-                if self._stop.is_set():
+            while not self._stop.is_set():
+                try:
+                    step = next(self._steps)
+                except StopIteration:
+                    return
+                except BaseException as e:  # the steps iterator itself failed: re-raise it
+                    self._put((None, None, e))
                     return
                 try:
                     item = (step, self._transform(self._fn(step)), None)
@@ -78,9 +84,15 @@ class Prefetcher:
             yield step, value
 
     def close(self) -> None:
-        """Stops the worker thread (pending results are dropped)."""
+        """Stops the worker thread (pending results are dropped) and ends the iteration."""
         self._stop.set()
         self._thread.join(timeout=5)
+        while True:  # drop pending results, then leave the end marker for a waiting consumer
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._queue.put_nowait(_DONE)
 
     def __enter__(self) -> Prefetcher:
         return self

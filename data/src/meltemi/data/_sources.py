@@ -1,8 +1,10 @@
-"""Document sources: text files, JSON lines (plain, .gz, .zst), Parquet; local or cloud.
+"""Document sources: text files, JSON lines, Parquet, or any mix of them; local or URLs.
 
 A source lists its files in a fixed order (`files()`), and reads one file as a stream of raw
 documents (`read(file)`). The build decodes, filters and tokenizes them; bad input is reported
-by location (`file:line`) and counted, never raised.
+by location (`file:line`) and counted by reason, never raised. Files are opened through
+`fsspec` (streaming, compression inferred from the name: `.gz`, `.zst`, `.bz2`, `.xz`), so a
+`gs://`, `s3://`, `file://` or `memory://` URL is read as a stream, never whole.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import abc
 import dataclasses
 import glob
-import gzip
 import hashlib
 import io
 import json
@@ -18,21 +19,27 @@ import os
 import sysconfig
 from collections.abc import Iterator, Sequence
 
-import tensorstore as ts
+import fsspec
+import fsspec.utils
+import xxhash
+from fsspec.core import url_to_fs
 
 __all__ = [
+    "Files",
     "JsonlFiles",
     "ParquetFiles",
     "RawDocument",
     "Source",
     "SourceError",
     "TextFiles",
+    "file_digest",
+    "file_format",
     "open_binary",
     "parse_source",
     "stdlib_corpus",
 ]
 
-_CLOUD = ("gs://", "s3://", "az://")
+_GLOB = "*?["
 
 
 class SourceError(ValueError):
@@ -43,90 +50,141 @@ class SourceError(ValueError):
 class RawDocument:
     """One document as read: `text` is a str, or bytes still to be decoded as UTF-8.
 
-    `problem` is set (and `text` is None) when the record itself is malformed.
+    `problem` is set (and `text` is None) when the record itself is malformed; `reason` is
+    the short key it is counted under (`malformed_json`, `no_text_field`, `null_value`, ...).
     """
 
     location: str
     text: str | bytes | None
     problem: str | None = None
+    reason: str | None = None
 
 
-def _is_cloud(path: str) -> bool:
-    return path.startswith(_CLOUD)
-
-
-def _cloudpath(path: str):
+def _filesystem(url: str):
+    """(fsspec filesystem, path inside it) of a URL, with a `SourceError` naming the fix."""
     try:
-        from cloudpathlib import AnyPath
-    except ModuleNotFoundError as e:  # pragma: no cover
-        raise SourceError(
-            f"reading {path!r} needs cloudpathlib: pip install 'meltemi-data[cloud]'"
-        ) from e
-    return AnyPath(path)
-
-
-def _read_object(url: str) -> bytes:
-    """Reads a whole object through tensorstore's kvstore drivers (gs://, s3://, file://...)."""
-    base, _, key = url.rpartition("/")
-    try:
-        kv = ts.KvStore.open(base + "/").result()
-        value = kv.read(key).result()
-    except ValueError as e:
-        raise SourceError(f"cannot read {url!r} through tensorstore: {e}") from e
-    if value.state != "value":
-        raise SourceError(f"{url!r} does not exist")
-    return bytes(value.value)
+        return url_to_fs(url)
+    except (ImportError, ValueError) as e:
+        raise SourceError(f"cannot read {url!r}: {e} (through fsspec)") from None
 
 
 def open_binary(path: str) -> io.BufferedIOBase:
-    """Opens a local file or a URL for reading, decompressing `.gz` and `.zst` transparently.
+    """Opens a local file or a URL as a binary stream, decompressing by the file's name.
 
-    URLs (`gs://`, `s3://`, `file://`, ...) are read whole through tensorstore's kvstores.
+    Compression is inferred by `fsspec` (`.gz`, `.zst`, `.bz2`, `.xz`, ...); URLs stream.
     """
-    raw = io.BytesIO(_read_object(path)) if "://" in path else open(path, "rb")
-    if path.endswith(".gz"):
-        return gzip.GzipFile(fileobj=raw)
-    if path.endswith(".zst"):
+    compression = fsspec.utils.infer_compression(path)
+    if path.endswith((".zst", ".zstd")) and compression is None:
+        raise SourceError(f"reading {path!r} needs zstandard: pip install 'meltemi-data[zstd]'")
+    if compression is None and "://" not in path:  # a plain local file: no fsspec layer
         try:
-            import zstandard
-        except ModuleNotFoundError as e:  # pragma: no cover
-            raise SourceError(
-                f"reading {path!r} needs zstandard: pip install 'meltemi-data[zstd]'"
-            ) from e
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
-    return raw
+            return open(path, "rb")
+        except FileNotFoundError:
+            raise SourceError(f"{path!r} does not exist") from None
+    try:
+        f = fsspec.open(path, "rb", compression="infer").open()
+        # zstandard's stream reader has no readline: buffer it.
+        return io.BufferedReader(f) if compression == "zstd" else f
+    except FileNotFoundError:
+        raise SourceError(f"{path!r} does not exist") from None
+    except (ImportError, ValueError) as e:
+        raise SourceError(f"cannot read {path!r}: {e} (through fsspec)") from None
+
+
+def _expand_url(pattern: str) -> list[str]:
+    fs, inner = _filesystem(pattern)
+    if any(c in inner for c in _GLOB):
+        found = fs.glob(inner)
+    elif fs.isdir(inner):
+        found = fs.find(inner)
+    else:
+        return [pattern]
+    return sorted(fs.unstrip_protocol(f) for f in found if not fs.isdir(f))
 
 
 def _expand(patterns: Sequence[str]) -> list[str]:
+    """Files matching `patterns` (files, directories, globs, URLs), each once, in order."""
     files: list[str] = []
+    seen: set[str] = set()
     for pattern in patterns:
         pattern = os.fspath(pattern)
-        if pattern.startswith("file://"):
-            files += ["file://" + f for f in _expand([pattern.removeprefix("file://")])]
-        elif _is_cloud(pattern):
-            if any(c in pattern for c in "*?["):
-                scheme, rest = pattern.split("://", 1)
-                bucket, _, key = rest.partition("/")
-                root = _cloudpath(f"{scheme}://{bucket}")
-                files += sorted(str(p) for p in root.glob(key))
-            else:
-                files.append(pattern)
-        elif any(c in pattern for c in "*?["):
-            files += sorted(glob.glob(pattern, recursive=True))
+        if "://" in pattern:
+            found = _expand_url(pattern)
+        elif any(c in pattern for c in _GLOB):
+            found = sorted(f for f in glob.glob(pattern, recursive=True) if not os.path.isdir(f))
         elif os.path.isdir(pattern):
-            files += sorted(os.path.join(d, f) for d, _, fs in os.walk(pattern) for f in fs)
+            found = sorted(os.path.join(d, f) for d, _, fs in os.walk(pattern) for f in fs)
         else:
-            files.append(pattern)
+            found = [pattern]
+        for f in found:  # overlapping patterns ([dir, dir/*.jsonl]) name a file once
+            key = f if "://" in f else os.path.abspath(f)
+            if key not in seen:
+                seen.add(key)
+                files.append(f)
     return files
 
 
+def _local(path: str) -> str | None:
+    """The local path of a plain path or `file://` URL (None for other URLs)."""
+    if path.startswith("file://"):
+        return path.removeprefix("file://")
+    return None if "://" in path else path
+
+
 def _file_stat(path: str) -> tuple[int, int]:
-    path = path.removeprefix("file://")
-    if _is_cloud(path):
-        st = _cloudpath(path).stat()
-        return int(st.st_size), int(getattr(st, "st_mtime", 0))
-    st = os.stat(path)
-    return st.st_size, st.st_mtime_ns
+    """(size, modification time) of a file or URL."""
+    local = _local(path)
+    if local is not None:
+        st = os.stat(local)
+        return st.st_size, st.st_mtime_ns
+    fs, inner = _filesystem(path)
+    info = fs.info(inner)
+    return int(info.get("size") or 0), 0
+
+
+_DIGESTS: dict[tuple, str] = {}  # (path, size, mtime, ctime, inode) -> content digest
+
+
+def stat_key(path: str) -> tuple | None:
+    """What identifies a local file's version without reading it (None for URLs)."""
+    local = _local(path)
+    if local is None:
+        return None
+    st = os.stat(local)
+    return (os.path.abspath(local), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+def file_digest(path: str) -> str:
+    """A digest of a file's content: xxh3-128 for local files (cached by path, size, mtime,
+    ctime and inode, so an unchanged file is hashed once per process), the store's own version
+    key (`fsspec` `ukey`: etag or generation) for other URLs."""
+    key = stat_key(path)
+    if key is None:
+        fs, inner = _filesystem(path)
+        return "ukey:" + str(fs.ukey(inner))
+    if key not in _DIGESTS:
+        h = xxhash.xxh3_128()
+        with open(key[0], "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        _DIGESTS[key] = "xxh3:" + h.hexdigest()
+    return _DIGESTS[key]
+
+
+def file_format(path: str) -> str:
+    """`"jsonl"`, `"parquet"` or `"text"`, from a file's name (compression suffixes aside).
+
+    >>> file_format("a/b.jsonl.gz"), file_format("c.parquet"), file_format("d.py")
+    ('jsonl', 'parquet', 'text')
+    """
+    name = path.lower()
+    for suffix in (".gz", ".zst", ".zstd", ".bz2", ".xz", ".lzma"):
+        name = name.removesuffix(suffix)
+    if name.endswith((".jsonl", ".json", ".ndjson")):
+        return "jsonl"
+    if name.endswith(".parquet"):
+        return "parquet"
+    return "text"
 
 
 class Source(abc.ABC):
@@ -146,13 +204,15 @@ class Source(abc.ABC):
         """Reader options that change the documents (part of the fingerprint)."""
         return {}
 
-    def fingerprint(self) -> str:
-        """A digest of the kind, options, file names, sizes and modification times."""
+    def fingerprint(self, files: Sequence[str] | None = None) -> str:
+        """A digest of the kind, options, file names, sizes and contents (`file_digest`).
+
+        `files` saves listing them again when the caller already has `self.files()`.
+        """
         h = hashlib.sha256()
         h.update(json.dumps([type(self).__name__, self.name, self.options()]).encode())
-        for f in self.files():
-            size, mtime = _file_stat(f)
-            h.update(f"{f}\0{size}\0{mtime}\n".encode())
+        for f in self.files() if files is None else files:
+            h.update(f"{f}\0{_file_stat(f)[0]}\0{file_digest(f)}\n".encode())
         return h.hexdigest()
 
     def _check_files(self, files: list[str], patterns) -> list[str]:
@@ -162,6 +222,79 @@ class Source(abc.ABC):
                 f"check the paths (globs like 'data/*.jsonl.zst' are expanded)"
             )
         return files
+
+
+def _read_text(path: str, location: str) -> Iterator[RawDocument]:
+    """One document per file; a damaged file (truncated archive) keeps what was read."""
+    chunks = []
+    try:
+        with open_binary(path) as f:
+            while chunk := f.read(1 << 16):  # small reads: damage loses at most one
+                chunks.append(chunk)
+    except (OSError, EOFError, ValueError) as e:
+        if chunks:
+            yield RawDocument(location, b"".join(chunks))
+        raise e
+    yield RawDocument(location, b"".join(chunks))
+
+
+def _read_jsonl(path: str, text_key: str) -> Iterator[RawDocument]:
+    """Each line's `text_key` field is a document; bad lines carry a problem and a reason."""
+    with open_binary(path) as f:
+        for lineno, line in enumerate(f, start=1):
+            loc = f"{path}:{lineno}"
+            if lineno == 1:
+                line = line.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark
+            if not line.strip():
+                continue
+            text = line.decode("utf-8", errors="surrogateescape")
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as e:
+                problem = f"malformed JSON ({e.msg} at column {e.colno})"
+                yield RawDocument(loc, None, problem, "malformed_json")
+                continue
+            if not isinstance(record, dict) or not isinstance(record.get(text_key), str):
+                yield RawDocument(loc, None, f"no string field {text_key!r}", "no_text_field")
+                continue
+            value = record[text_key]
+            # Invalid bytes survive as lone surrogates: hand them back as bytes so the
+            # build's UTF-8 policy sees them.
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                try:  # raw invalid bytes, smuggled through as U+DC80..U+DCFF
+                    value = value.encode("utf-8", errors="surrogateescape")
+                except UnicodeEncodeError:  # lone surrogates from JSON escapes (\ud800)
+                    value = value.encode("utf-8", errors="surrogatepass")
+            yield RawDocument(loc, value)
+
+
+def _read_parquet(path: str, column: str, source: str) -> Iterator[RawDocument]:
+    """Each row's `column` is a document; nulls and non-strings carry a problem and reason."""
+    try:
+        import pyarrow.parquet as pq
+    except ModuleNotFoundError as e:  # pragma: no cover
+        raise SourceError("ParquetFiles needs pyarrow: pip install 'meltemi-data[parquet]'") from e
+    with open_binary(path) as f:
+        pf = pq.ParquetFile(f)
+        if column not in pf.schema_arrow.names:
+            raise SourceError(
+                f"ParquetFiles(name={source!r}): {path} has no column {column!r}; "
+                f"its columns are {pf.schema_arrow.names}"
+            )
+        row = 0
+        for batch in pf.iter_batches(columns=[column], batch_size=1024):
+            for value in batch.column(0).to_pylist():
+                row += 1
+                loc = f"{path}:row {row}"
+                if value is None:
+                    yield RawDocument(loc, None, "null value", "null_value")
+                elif isinstance(value, str | bytes):
+                    yield RawDocument(loc, value)
+                else:
+                    kind = type(value).__name__
+                    yield RawDocument(loc, None, f"{kind} value, not text", "non_string_value")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,15 +319,12 @@ class TextFiles(Source):
         return self._check_files(_expand(self.paths), self.paths)
 
     def read(self, path: str) -> Iterator[RawDocument]:
-        with open_binary(path) as f:
-            data = f.read()
-        loc = os.path.relpath(path, self.root) if self.root else path
-        yield RawDocument(loc, data)
+        yield from _read_text(path, os.path.relpath(path, self.root) if self.root else path)
 
 
 @dataclasses.dataclass(frozen=True)
 class JsonlFiles(Source):
-    """JSON lines (optionally .gz or .zst); each line's `text_key` field is a document.
+    """JSON lines (plain or compressed); each line's `text_key` field is a document.
 
     Malformed lines come out as documents with a `problem` (reported as `file:line`).
     """
@@ -213,31 +343,7 @@ class JsonlFiles(Source):
         return self._check_files(_expand(self.paths), self.paths)
 
     def read(self, path: str) -> Iterator[RawDocument]:
-        with open_binary(path) as f:
-            for lineno, line in enumerate(f, start=1):
-                loc = f"{path}:{lineno}"
-                if not line.strip():
-                    continue
-                text = line.decode("utf-8", errors="surrogateescape")
-                try:
-                    record = json.loads(text)
-                except json.JSONDecodeError as e:
-                    yield RawDocument(loc, None, f"malformed JSON ({e.msg} at column {e.colno})")
-                    continue
-                if not isinstance(record, dict) or not isinstance(record.get(self.text_key), str):
-                    yield RawDocument(loc, None, f"no string field {self.text_key!r}")
-                    continue
-                value = record[self.text_key]
-                # Invalid bytes survive as lone surrogates: hand them back as bytes so the
-                # build's UTF-8 policy sees them.
-                try:
-                    value.encode("utf-8")
-                except UnicodeEncodeError:
-                    try:  # raw invalid bytes, smuggled through as U+DC80..U+DCFF
-                        value = value.encode("utf-8", errors="surrogateescape")
-                    except UnicodeEncodeError:  # lone surrogates from JSON escapes (\ud800)
-                        value = value.encode("utf-8", errors="surrogatepass")
-                yield RawDocument(loc, value)
+        return _read_jsonl(path, self.text_key)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,27 +364,48 @@ class ParquetFiles(Source):
         return self._check_files(_expand(self.paths), self.paths)
 
     def read(self, path: str) -> Iterator[RawDocument]:
-        try:
-            import pyarrow.parquet as pq
-        except ModuleNotFoundError as e:  # pragma: no cover
-            raise SourceError(
-                "ParquetFiles needs pyarrow: pip install 'meltemi-data[parquet]'"
-            ) from e
-        with open_binary(path) as f:
-            pf = pq.ParquetFile(f)
-            if self.column not in pf.schema_arrow.names:
-                raise SourceError(
-                    f"ParquetFiles(name={self.name!r}): {path} has no column {self.column!r}; "
-                    f"its columns are {pf.schema_arrow.names}"
-                )
-            row = 0
-            for batch in pf.iter_batches(columns=[self.column], batch_size=1024):
-                for value in batch.column(0).to_pylist():
-                    row += 1
-                    if value is None:
-                        yield RawDocument(f"{path}:row {row}", None, "null value")
-                    else:
-                        yield RawDocument(f"{path}:row {row}", value)
+        return _read_parquet(path, self.column, self.name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Files(Source):
+    """Files of any supported format, each read according to its name (`file_format`).
+
+    `*.jsonl` / `*.json` / `*.ndjson` (plain or compressed) are JSON lines, `*.parquet` is
+    Parquet, anything else is one text document per file. Use it for a directory or a list
+    that mixes formats: a `.jsonl.gz` inside a directory is read line by line (a truncated
+    archive keeps every line before the damage), never as one text document.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (d / "a.jsonl").write_text('{"text": "one"}\\n{"text": "two"}\\n')
+    >>> _ = (d / "b.txt").write_text("three")
+    >>> src = Files("mixed", [str(d)])
+    >>> [doc.text for f in src.files() for doc in src.read(f)]
+    ['one', 'two', b'three']
+    """
+
+    name: str
+    paths: tuple[str, ...]
+    text_key: str = "text"
+    column: str = "text"
+
+    def __post_init__(self):
+        object.__setattr__(self, "paths", tuple(os.fspath(p) for p in self.paths))
+
+    def options(self) -> dict:
+        return {"text_key": self.text_key, "column": self.column}
+
+    def files(self) -> list[str]:
+        return self._check_files(_expand(self.paths), self.paths)
+
+    def read(self, path: str) -> Iterator[RawDocument]:
+        kind = file_format(path)
+        if kind == "jsonl":
+            return _read_jsonl(path, self.text_key)
+        if kind == "parquet":
+            return _read_parquet(path, self.column, self.name)
+        return _read_text(path, path)
 
 
 _STDLIB_SKIP = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
@@ -341,7 +468,8 @@ def parse_source(spec: str) -> Source:
     """A source from a command-line spec.
 
     `stdlib:train`, `stdlib:validation`, or `KIND:NAME=PATHS` with KIND in `text`, `jsonl`,
-    `parquet` and PATHS a comma-separated list of files, directories or globs.
+    `parquet`, `files` (each file by its name, see `Files`) and PATHS a comma-separated list
+    of files, directories, globs or URLs.
 
     >>> parse_source("jsonl:web=/data/web/*.jsonl.zst").paths
     ('/data/web/*.jsonl.zst',)
@@ -351,7 +479,7 @@ def parse_source(spec: str) -> Source:
     kind, sep, rest = spec.partition(":")
     if kind == "stdlib" and sep:
         return stdlib_corpus(rest)
-    kinds = {"text": TextFiles, "jsonl": JsonlFiles, "parquet": ParquetFiles}
+    kinds = {"text": TextFiles, "jsonl": JsonlFiles, "parquet": ParquetFiles, "files": Files}
     name, eq, paths = rest.partition("=")
     if kind not in kinds or not sep or not eq or not name or not paths:
         raise SourceError(

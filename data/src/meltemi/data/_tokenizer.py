@@ -33,11 +33,13 @@ class Tokenizer(abc.ABC):
 
     @property
     @abc.abstractmethod
-    def bos_id(self) -> int: ...
+    def bos_id(self) -> int | None:
+        """The id prepended to documents, or None when the tokenizer has no bos token."""
 
     @property
     @abc.abstractmethod
-    def eos_id(self) -> int: ...
+    def eos_id(self) -> int | None:
+        """The id appended to documents, or None when the tokenizer has no eos token."""
 
     @property
     @abc.abstractmethod
@@ -116,15 +118,20 @@ def _tokenizers():
 class HfTokenizer(Tokenizer):
     """A Hugging Face `tokenizer.json` loaded with the `tokenizers` package (extra `[hf]`).
 
-    Special tokens are looked up by name among the tokenizer's added tokens; the first of each
-    candidate list that exists wins, or pass the names explicitly.
+    Special tokens are found by name. For each of bos, eos and pad: a token string names it
+    (an error if the tokenizer has no such token), `""` means none, and None (the default)
+    tries common spellings. By default a tokenizer without a bos token (GPT-2 and Qwen style)
+    gets no bos (`bos_id is None`: documents are not prefixed), a missing eos is an error
+    (pass `eos=""` to build without separators), and pad falls back to eos.
 
     Args:
         path: a `tokenizer.json` file, or a directory containing one.
-        bos, eos, pad: special token names (default: common spellings are tried).
+        bos: the bos token string, `""` for none, or None to look for a common one.
+        eos: the eos token string, `""` for none, or None to look for a common one.
+        pad: the pad token string, or None to look for one (else eos).
 
     Raises:
-        TokenizerError: the file is missing or a special token cannot be found.
+        TokenizerError: the file is missing or a named special token is not in it.
     """
 
     _BOS = ("<|begin_of_text|>", "<s>", "<bos>", "<|bos|>", "<|endoftext|>")
@@ -147,6 +154,16 @@ class HfTokenizer(Tokenizer):
                 f"HfTokenizer(path={path!r}): no such file; pass a tokenizer.json "
                 f"(train one with `bazel run //data:train_tokenizer`)"
             )
+        for what, value in (("bos", bos), ("eos", eos), ("pad", pad)):
+            if value is not None and not isinstance(value, str):
+                raise TokenizerError(
+                    f"HfTokenizer({what}={value!r}): pass a token string, '' for none, or None "
+                    f"to look for a common one"
+                )
+        if pad == "":
+            raise TokenizerError(
+                "HfTokenizer(pad=''): rows need a pad token; pass its string, or None to use eos"
+            )
         with open(path, encoding="utf-8") as f:
             self._json = f.read()
         self._path = path
@@ -157,22 +174,45 @@ class HfTokenizer(Tokenizer):
         tk = _tokenizers()
         self._tok = tk.Tokenizer.from_str(self._json)
         bos, eos, pad = self._names
-        self._bos = self._find("bos", bos, self._BOS)
-        self._eos = self._find("eos", eos, self._EOS)
-        self._pad = self._find("pad", pad, self._PAD, fallback=self._eos)
+        self._bos = self._find("bos", bos, self._BOS, required=False)
+        self._eos = self._find("eos", eos, self._EOS, required=True)
+        pad_id = self._find("pad", pad, self._PAD, required=False)
+        if pad_id is None:
+            pad_id = self._eos
+        if pad_id is None:
+            raise TokenizerError(
+                f"HfTokenizer({self._path!r}): no pad token among {list(self._PAD)} and no eos "
+                f"to pad with; pass pad='<the token string>'"
+            )
+        self._pad = pad_id
 
-    def _find(self, what: str, name: str | None, candidates, fallback: int | None = None) -> int:
+    def _find(self, what: str, name: str | None, candidates, *, required: bool) -> int | None:
+        """The id of a named special token; None for `""`, or when none of the candidates is
+        there and the token is not `required`."""
+        if name == "":
+            return None
         names = (name,) if name is not None else candidates
         for n in names:
             i = self._tok.token_to_id(n)
             if i is not None:
                 return int(i)
-        if fallback is not None and name is None:
-            return fallback
-        raise TokenizerError(
-            f"HfTokenizer({self._path!r}): no {what} token among {list(names)}; pass "
-            f"{what}='<the token string>' naming one of its special tokens"
-        )
+        if name is None and not required:
+            return None
+        hint = f"{what}='<the token string>' naming one of its special tokens"
+        if name is None:
+            hint += f", or {what}='' for none"
+        raise TokenizerError(f"HfTokenizer({self._path!r}): no {what} token among {list(names)}; "
+                             f"pass {hint}")  # fmt: skip
+
+    @property
+    def bos_token(self) -> str | None:
+        """The bos token string (None when there is none)."""
+        return None if self._bos is None else self._tok.id_to_token(self._bos)
+
+    @property
+    def eos_token(self) -> str | None:
+        """The eos token string (None when there is none)."""
+        return None if self._eos is None else self._tok.id_to_token(self._eos)
 
     def __getstate__(self):
         return {"json": self._json, "path": self._path, "names": self._names}
@@ -186,11 +226,11 @@ class HfTokenizer(Tokenizer):
         return int(self._tok.get_vocab_size(with_added_tokens=True))
 
     @property
-    def bos_id(self) -> int:
+    def bos_id(self) -> int | None:
         return self._bos
 
     @property
-    def eos_id(self) -> int:
+    def eos_id(self) -> int | None:
         return self._eos
 
     @property
