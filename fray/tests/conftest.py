@@ -34,18 +34,13 @@ def pytest_generate_tests(metafunc):
 
 @pytest.fixture(scope="module")
 def ray_started():
-    import ray
+    """One Ray per test file, started by fray itself: its temp dir and auth token live in a
+    fresh private directory (removed at the end), never under HOME or a fixed path."""
+    from meltemi.fray.ray import RayCluster
 
-    if not ray.is_initialized():
-        ray.init(
-            num_cpus=2,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-            _temp_dir="/tmp/ray-fray-tests",
-        )
+    owner = RayCluster(num_cpus=2, configure_logging=False)  # later RayClusters join it
     yield
-    ray.shutdown()
+    owner.shutdown()
 
 
 @pytest.fixture

@@ -64,6 +64,15 @@ class Counter:
     def fail(self, message: str) -> None:
         raise ValueError(message)
 
+    def fail_unprintably(self) -> None:
+        raise UnprintableError()
+
+    def blob(self, n: int) -> bytes:
+        return b"x" * n
+
+    def size_of(self, value) -> int:
+        return len(value)
+
     @fray.idempotent
     def slow_add(self, k: int, seconds: float) -> int:
         time.sleep(seconds)
@@ -106,6 +115,29 @@ class Counter:
 
     def hang(self) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
+
+
+class UnprintableError(Exception):
+    """An exception whose `__str__` raises (and so does formatting its traceback)."""
+
+    def __str__(self):
+        raise RuntimeError("__str__ is broken too")
+
+
+class CountsPickles:
+    """Counts how often it is pickled in this process (each `__reduce__` is one pickling)."""
+
+    pickled = 0
+
+    def __init__(self, payload: bytes = b""):
+        self.payload = payload
+
+    def __reduce__(self):
+        CountsPickles.pickled += 1
+        return (CountsPickles, (self.payload,))
+
+    def __len__(self) -> int:
+        return len(self.payload)
 
 
 class BrokenInit:

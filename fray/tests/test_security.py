@@ -10,11 +10,12 @@ import stat
 import struct
 import threading
 
+import msgpack
 import pytest
 from fray_test_actors import Counter
 
 from meltemi import fray
-from meltemi.fray import _wire
+from meltemi.fray import _server, _wire
 
 
 class _CreatesFile:
@@ -92,10 +93,19 @@ def test_handshake_with_the_wrong_secret_is_refused(cluster, tmp_path):
 
 
 def test_connection_with_the_right_secret_is_served(cluster):
-    counter = cluster.spawn(Counter)
+    counter = cluster.spawn(Counter, 30)
     secret = _wire.read_secret(cluster.secret_path)
     with socket.create_connection(counter.address) as sock:
-        _wire.client_handshake(sock, secret, timeout=10)  # does not raise
+        _wire.client_handshake(sock, secret, timeout=10)
+        # Served means answered: a raw CALL frame on this socket gets the method's result.
+        header, payload = _server.encode_call("add", _wire.dumps(((7,), {})), 0.0, None, None)
+        _wire.send_frame(sock, [msgpack.packb(header), *payload], 1 << 20)
+        sock.settimeout(15)
+        reply = _wire.recv_frame(sock, 1 << 20)
+    kind, rid = msgpack.unpackb(reply[0])
+    assert (kind, rid) == (_server.OK, header[1])
+    assert _wire.loads(reply[1:]) == 37
+    assert counter.value() == 37  # it ran in the actor, once
 
 
 def test_client_refuses_a_server_that_cannot_prove_the_secret():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -79,3 +80,19 @@ def test_large_arrays_travel_out_of_band():
 def test_values_the_c_pickler_cannot_take_go_through_cloudpickle():
     offset = 7
     assert _wire.loads(_wire.dumps(lambda x: x + offset))(3) == 10
+
+
+@pytest.mark.parametrize("part_bytes", [1000, 8 << 20])  # the small and the large send path
+def test_send_frame_gives_up_at_its_deadline_when_the_peer_reads_nothing(part_bytes):
+    a, b = socket.socketpair()  # b never reads: the kernel buffers fill, then sends block
+    try:
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            while time.monotonic() - start < 10:
+                _wire.send_frame(a, [b"h", b"x" * part_bytes], 1 << 30, start + 0.5)
+        elapsed = time.monotonic() - start
+        assert a.gettimeout() is None  # the socket is left blocking for the I/O loop
+    finally:
+        a.close()
+        b.close()
+    assert 0.5 <= elapsed < 1.5

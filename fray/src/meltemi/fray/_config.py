@@ -6,7 +6,39 @@ import dataclasses
 import math
 import signal
 
-__all__ = ["Resources", "RestartPolicy"]
+__all__ = ["NO_DEADLINE_S", "Resources", "RestartPolicy", "check_timeout"]
+
+# A timeout this long (~31 years) or infinite means no deadline: deadlines are added to clocks,
+# and lock waits refuse more than threading.TIMEOUT_MAX (~292 years on Linux).
+NO_DEADLINE_S = 1e9
+
+
+def check_timeout(where: str, value, *, allow_zero: bool = False) -> float | None:
+    """A timeout in seconds, validated: None, inf or >= 1e9 s mean no deadline.
+
+    Args:
+        where: how the caller wrote it, e.g. `"LocalCluster(call_timeout"`, for the error.
+        value: the timeout given.
+        allow_zero: whether 0 (do not wait) is allowed.
+
+    Example:
+        >>> check_timeout("f(timeout", float("inf")) is None
+        True
+        >>> check_timeout("f(timeout", float("nan"))
+        Traceback (most recent call last):
+        ...
+        ValueError: f(timeout=nan): must be a positive number of seconds; ...
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{where}={value!r}): must be a number of seconds, or None for no deadline")
+    if math.isnan(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(
+            f"{where}={value!r}): must be a positive number of seconds; use None (or "
+            "float('inf')) for no deadline"
+        )
+    return None if value >= NO_DEADLINE_S else float(value)
 
 
 def _check_number(owner: str, field: str, value, *, minimum: float = 0.0) -> None:

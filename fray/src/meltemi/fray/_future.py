@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from meltemi.fray._config import check_timeout
 from meltemi.fray._errors import ActorDied, ActorRestarted, CallTimeout, ConnectionLost, FrayError
 from meltemi.fray._loop import IOLoop
 
@@ -149,13 +150,16 @@ class Future:
         """Waits for the call and returns its value or raises its failure.
 
         Args:
-            timeout: seconds to wait at most; None waits until the call's own deadline.
+            timeout: seconds to wait at most; None (or inf) waits until the call's own
+                deadline.
 
         Raises:
             CallTimeout: the call's deadline passed.
             TimeoutError: `timeout` passed first (the call goes on; ask again later).
             RemoteError, ActorDied, ActorRestarted: see their docs.
         """
+        timeout = check_timeout(f"{self._name}.{self._method}().result(timeout", timeout,
+                                allow_zero=True)  # fmt: skip
         if not self._wait(timeout):
             raise TimeoutError(
                 f"{self._name}.{self._method}() still running after result(timeout={timeout})"
@@ -240,6 +244,7 @@ def wait_all(futures: list[Future], timeout: float | None = None) -> list[Any]:
         ...     wait_all([doubler.double.remote(i) for i in range(3)])
         [0, 2, 4]
     """
+    timeout = check_timeout("wait_all(timeout", timeout, allow_zero=True)
     end = None if timeout is None else time.monotonic() + timeout
     out = []
     for f in futures:

@@ -1,22 +1,38 @@
-"""What callers hold: `ActorHandle`, its `ActorMethod`s, `ActorGroup`, and `ActorInfo` rows."""
+"""What callers hold: `ActorHandle`, its `ActorMethod`s, `ActorGroup`, and `ActorInfo` rows.
+
+A handle knows its actor's record (name, rank, methods) and talks to the runtime through one
+small interface, `Caller`, which every `Cluster` implements; it never sees the supervisor.
+"""
 
 from __future__ import annotations
 
 import difflib
 import threading
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
+from meltemi.fray._config import check_timeout
 from meltemi.fray._future import Future
 from meltemi.fray._methods import MethodInfo
+from meltemi.fray._records import ActorRecord, CallArgs
 
-if TYPE_CHECKING:
-    from meltemi.fray._cluster import Cluster, _Actor
-
-__all__ = ["ActorGroup", "ActorHandle", "ActorInfo", "ActorMethod"]
+__all__ = ["ActorGroup", "ActorHandle", "ActorInfo", "ActorMethod", "Caller"]
 
 _UNSET: Any = object()
 DEFAULT: Any = _UNSET  # "use the cluster's call_timeout"
+
+
+class Caller(Protocol):
+    """What a handle needs from the runtime that made it (implemented by `Cluster`)."""
+
+    backend: str
+
+    def _call(self, handle: ActorHandle, info: MethodInfo, args: CallArgs, timeout: Any,
+              retries: int | None) -> Future:  # fmt: skip
+        """Starts one call of `info` on the handle's actor; `timeout` may be `DEFAULT`."""
+
+    def _address(self, actor: ActorRecord) -> tuple[str, int] | None:
+        """Where the actor's current incarnation serves, if it has an address."""
 
 
 class ActorMethod:
@@ -24,8 +40,8 @@ class ActorMethod:
 
     `handle.m(*a)` blocks for the result; `handle.m.remote(*a)` returns a `Future`;
     `await handle.m.aio(*a)` awaits it; `handle.m.options(timeout=5).remote(*a)` sets this
-    call's deadline (seconds; `timeout=None` waits without a deadline, e.g. for a whole
-    training run) and, for idempotent methods, its `retries`.
+    call's deadline (seconds; `timeout=None` or `float("inf")` waits without a deadline, e.g.
+    for a whole training run; NaN is refused) and, for idempotent methods, its `retries`.
     """
 
     __slots__ = ("_handle", "_info", "_timeout", "_retries")
@@ -40,11 +56,9 @@ class ActorMethod:
         """A copy of this method with its own deadline (seconds, or None for none) and retries."""
         timeout = self._timeout if timeout is _UNSET else timeout
         retries = self._retries if retries is _UNSET else retries
-        if timeout is not None and timeout is not _UNSET and not _positive(timeout):
-            raise ValueError(
-                f"{self._handle.name}.{self._info.name}.options(timeout={timeout!r}): the "
-                "timeout must be a positive number of seconds"
-            )
+        if timeout is not _UNSET:
+            where = f"{self._handle.name}.{self._info.name}.options(timeout"
+            timeout = check_timeout(where, timeout)
         if retries is not None and retries and not self._info.idempotent:
             raise ValueError(
                 f"{self._handle.name}.{self._info.name}.options(retries={retries!r}): only "
@@ -55,12 +69,14 @@ class ActorMethod:
 
     def remote(self, *args, **kwargs) -> Future:
         """Starts the call and returns its `Future` (calls through one handle stay ordered)."""
+        return self._start(CallArgs(args, kwargs))
+
+    def _start(self, args: CallArgs) -> Future:
         h = self._handle
-        return h._cluster._call(h, self._info, args, kwargs, self._timeout, self._retries)
+        return h._caller._call(h, self._info, args, self._timeout, self._retries)
 
     def __call__(self, *args, **kwargs) -> Any:
-        h = self._handle
-        return h._cluster._call(h, self._info, args, kwargs, self._timeout, self._retries).result()
+        return self.remote(*args, **kwargs).result()
 
     async def aio(self, *args, **kwargs) -> Any:
         """Awaitable form of the call, for asyncio code."""
@@ -68,10 +84,6 @@ class ActorMethod:
 
     def __repr__(self) -> str:
         return f"<fray.ActorMethod {self._handle.name}.{self._info.name}>"
-
-
-def _positive(value) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
 
 
 class ActorHandle:
@@ -82,10 +94,10 @@ class ActorHandle:
     telling the caller once (`ActorRestarted` or `ActorDied(will_restart=True)`) per restart.
     """
 
-    __slots__ = ("_cluster", "_actor", "_epoch", "_conn", "_conn_lock", "__weakref__")
+    __slots__ = ("_caller", "_actor", "_epoch", "_conn", "_conn_lock", "__weakref__")
 
-    def __init__(self, cluster: Cluster, actor: _Actor, epoch: int):
-        self._cluster = cluster
+    def __init__(self, caller: Caller, actor: ActorRecord, epoch: int):
+        self._caller = caller
         self._actor = actor
         self._epoch = epoch
         self._conn = None
@@ -104,7 +116,7 @@ class ActorHandle:
     @property
     def address(self) -> tuple[str, int] | None:
         """`(host, port)` of the actor's RPC server (LocalCluster), else None."""
-        return self._cluster._address(self._actor)
+        return self._caller._address(self._actor)
 
     @property
     def rank(self) -> int:
@@ -129,13 +141,14 @@ class ActorHandle:
     def __repr__(self) -> str:
         return (
             f"<fray.ActorHandle {self.name!r} ({self._actor.cls.__name__}) epoch={self._epoch} "
-            f"on {self._cluster.backend}>"
+            f"on {self._caller.backend}>"
         )
 
     def __reduce__(self):
         raise TypeError(
-            f"a handle to actor {self.name!r} cannot be pickled; pass its name and call "
-            "cluster.get(name) on the other side"
+            f"a handle to actor {self.name!r} cannot be pickled: handles work only in the "
+            "process that made the cluster (actors cannot call actors yet). Make the call "
+            f"there and pass its result instead, e.g. `other.m(h.f())` rather than `other.m(h)`"
         )
 
     def __del__(self):
@@ -168,8 +181,13 @@ class ActorGroup(Sequence):
         return iter(self._handles)
 
     def call(self, method: str, *args, **kwargs) -> list[Future]:
-        """Starts `method(*args, **kwargs)` on every member; returns their futures by rank."""
-        return [getattr(h, method).remote(*args, **kwargs) for h in self._handles]
+        """Starts `method(*args, **kwargs)` on every member; returns their futures by rank.
+
+        The arguments are pickled once and the same bytes go to every member.
+        """
+        methods = [getattr(h, method) for h in self._handles]  # unknown names fail first
+        shared = CallArgs(args, kwargs, shared=True)
+        return [m._start(shared) for m in methods]
 
     def __repr__(self) -> str:
         return f"<fray.ActorGroup {self.name!r} of {len(self)}>"

@@ -7,11 +7,12 @@ import threading
 import time
 import traceback
 
-from meltemi.fray._cluster import Cluster, DeathInfo, _Actor
+from meltemi.fray._cluster import Cluster
 from meltemi.fray._context import ActorContext, set_context
 from meltemi.fray._errors import CallTimeout, ConnectionLost
 from meltemi.fray._future import Future
 from meltemi.fray._methods import Dispatcher, error_info, remote_error
+from meltemi.fray._records import ActorRecord, DeathInfo
 from meltemi.fray._wire import dumps, loads
 
 __all__ = ["InProcessCluster"]
@@ -20,7 +21,7 @@ __all__ = ["InProcessCluster"]
 class _ThreadActor:
     """One incarnation: an instance and its executor threads."""
 
-    def __init__(self, cluster: InProcessCluster, actor: _Actor):
+    def __init__(self, cluster: InProcessCluster, actor: ActorRecord):
         self.init_args = (actor.args, actor.kwargs)
         if cluster.serialize:  # in the caller: an argument that cannot travel fails the spawn
             self.init_args = _copy(self.init_args)
@@ -147,7 +148,10 @@ class _ThreadActor:
 
 def _copy(obj):
     """A copy made by pickling, as between processes (out-of-band buffers copied too)."""
-    parts = dumps(obj)
+    return _unpickle_copy(dumps(obj))
+
+
+def _unpickle_copy(parts: list):
     return loads([parts[0], *(bytearray(b) for b in parts[1:])])
 
 
@@ -191,7 +195,7 @@ class InProcessCluster(Cluster):
         self.serialize = serialize
         super().__init__(call_timeout=call_timeout, heartbeat_interval_s=heartbeat_interval_s)
 
-    def _launch(self, members: list[_Actor]) -> list:
+    def _launch(self, members: list[ActorRecord]) -> list:
         incs = [_ThreadActor(self, m) for m in members]
         results = []
         for inc in incs:
@@ -207,9 +211,10 @@ class InProcessCluster(Cluster):
         fut._set_value(inc.dispatcher.stats.snapshot())
         return fut
 
-    def _submit(self, handle, inc, info, args, kwargs, deadline, key, fut) -> None:
-        if self.serialize and (args or kwargs):
-            args, kwargs = _copy((args, kwargs))
+    def _submit(self, handle, inc, info, call_args, deadline, key, fut) -> None:
+        args, kwargs = call_args.args, call_args.kwargs
+        if self.serialize and call_args:  # pickled once per CallArgs, unpickled per call
+            args, kwargs = _unpickle_copy(call_args.encoded())
         if inc.dead:
             fut._set_error(ConnectionLost(inc.actor.name, "actor stopped"))
             return

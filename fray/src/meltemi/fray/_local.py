@@ -16,12 +16,13 @@ import weakref
 import cloudpickle
 import msgpack
 
-from meltemi.fray._cluster import Cluster, DeathInfo, _Actor
+from meltemi.fray._cluster import Cluster
 from meltemi.fray._config import Resources
 from meltemi.fray._errors import AuthenticationError, ConnectionLost
 from meltemi.fray._future import Future
 from meltemi.fray._loop import IOLoop
 from meltemi.fray._methods import Dispatcher
+from meltemi.fray._records import ActorRecord, DeathInfo
 from meltemi.fray._server import ClientConnection, Server, encode_call, ping
 from meltemi.fray._wire import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -57,7 +58,7 @@ class _Process:
     """One incarnation: a child process, its life line, and the supervisor's ping connection."""
 
     def __init__(self, actor, epoch, proc, life, address, log_path, ctrl):
-        self.actor: _Actor = actor
+        self.actor: ActorRecord = actor
         self.epoch: int = epoch
         self.proc: subprocess.Popen = proc
         self.life: socket.socket = life
@@ -214,7 +215,7 @@ class LocalCluster(Cluster):
                 "LocalCluster(cpus=...)"
             )
 
-    def _launch(self, members: list[_Actor]) -> list:
+    def _launch(self, members: list[ActorRecord]) -> list:
         started = []
         for m in members:
             if m.blob is None:
@@ -223,7 +224,7 @@ class LocalCluster(Cluster):
         deadline = time.monotonic() + self.start_timeout_s
         return [self._await_ready(m, *s, deadline) for m, s in zip(members, started)]
 
-    def _popen(self, m: _Actor):
+    def _popen(self, m: ActorRecord):
         parent, child = socket.socketpair()
         safe = m.name.replace("/", "-")
         log_path = os.path.join(self.dir, "logs", f"{safe}.{m.epoch}.log")
@@ -344,15 +345,15 @@ class LocalCluster(Cluster):
         ping(inc.ctrl, fut)
         return fut
 
-    def _address(self, actor: _Actor):
+    def _address(self, actor: ActorRecord):
         inc = actor.inc
         return None if inc is None else inc.address
 
-    def _pid(self, actor: _Actor):
+    def _pid(self, actor: ActorRecord):
         inc = actor.inc
         return None if inc is None else inc.proc.pid
 
-    def _submit(self, handle, inc: _Process, info, args, kwargs, deadline, key, fut) -> None:
+    def _submit(self, handle, inc: _Process, info, args, deadline, key, fut) -> None:
         conn = handle._conn
         if conn is None or conn.closed or conn.inc is not inc:
             with handle._conn_lock:
@@ -374,7 +375,7 @@ class LocalCluster(Cluster):
                     inc.conns.add(conn)
                     handle._conn = conn
         wall = 0.0 if deadline is None else time.time() + (deadline - time.monotonic())
-        header, payload = encode_call(info.name, args, kwargs, wall, key, fut._timeout)
+        header, payload = encode_call(info.name, args.encoded(), wall, key, fut._timeout)
         rid = header[1]
         fut._on_expire = lambda: conn.forget(rid)
         conn.request(header, payload, fut)

@@ -83,18 +83,30 @@ def method_table(cls: type) -> dict[str, MethodInfo]:
 
 
 def error_info(exc: BaseException) -> tuple[str, str, str, bytes | None]:
-    """(type name, message, traceback text, pickled exception or None)."""
+    """(type name, message, traceback text, pickled exception or None).
+
+    Never raises: an exception whose `__str__` (or pickling) raises is still reported, by its
+    type name and traceback, so a badly written exception class cannot kill the actor.
+    """
     kind = type(exc)
     type_name = kind.__qualname__
     if kind.__module__ not in ("builtins", "__main__"):
         type_name = f"{kind.__module__}.{type_name}"
-    text = "".join(traceback.format_exception(exc))
+    try:
+        message = str(exc)
+    except BaseException as e:  # user code: anything may come out of __str__
+        message = f"<str() of the exception raised {type(e).__name__}>"
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except BaseException:  # formatting calls __str__ too
+        frames = "".join(traceback.format_tb(exc.__traceback__))
+        text = f"Traceback (most recent call last):\n{frames}{type_name}: {message}\n"
     try:
         blob = pickle.dumps(exc, protocol=5)
         pickle.loads(blob)  # refuse exceptions that do not round-trip
-    except Exception:
+    except BaseException:  # __reduce__ of user code
         blob = None
-    return type_name, str(exc), text, blob
+    return type_name, message, text, blob
 
 
 def remote_error(name: str, method: str, info: tuple) -> RemoteError:

@@ -34,6 +34,7 @@ from meltemi.fray._wire import (
     ServerHandshake,
     client_handshake,
     dumps,
+    frame_size,
     loads,
     send_frame,
 )
@@ -42,6 +43,7 @@ __all__ = ["ClientConnection", "Server"]
 
 # Frame kinds (first element of the msgpack header).
 CALL, PING, OK, ERR, EXPIRED, PONG = range(6)
+_HEADER_BYTES = 16  # a reply's header, msgpack (kind, request id), is at most 11 bytes
 _rids = itertools.count(1)
 
 
@@ -87,12 +89,18 @@ class ClientConnection:
             self.pending.pop(rid, None)
             fut._set_error(ConnectionLost(self.name, "connection closed"))
             return
+        frame = [msgpack.packb(header), *payload]
         try:
             with self._send_lock:
-                send_frame(self.sock, [msgpack.packb(header), *payload], self._max)
+                send_frame(self.sock, frame, self._max, fut._deadline)
         except ProtocolError:
             self.pending.pop(rid, None)
             raise
+        except TimeoutError:  # part of the frame may be out: this connection is spent
+            self.pending.pop(rid, None)
+            detail = "its arguments were still being sent when its deadline passed"
+            fut._set_error(CallTimeout(self.name, fut._method, fut._timeout or 0.0, detail))
+            self.close("a send was cut off by its deadline")
         except OSError as e:
             self.pending.pop(rid, None)
             fut._set_error(ConnectionLost(self.name, f"send failed: {e}"))
@@ -229,6 +237,15 @@ class Server:
                 payload = dumps(value)
             except Exception as e:
                 ok, value = False, error_info(e)
+            else:
+                size = frame_size(payload) + _HEADER_BYTES
+                if size > self._max:  # sending it would fail; say why instead of dying
+                    too_big = ProtocolError(
+                        f"{d.name}.{method}() returned {size} bytes, more than "
+                        f"max_frame_bytes={self._max}; return it in pieces or raise the "
+                        "cluster's max_frame_bytes"
+                    )
+                    ok, value = False, error_info(too_big)
         if not ok:
             payload = dumps((d.name, method, value))
         reply = (OK if ok else ERR, payload)
@@ -298,6 +315,9 @@ class _ServerConn:
                 send_frame(self.sock, parts, self.server._max)
         except OSError:
             pass  # the caller went away; its handle reports the lost connection
+        except ProtocolError as e:  # never let one reply end the server: drop this caller
+            print(f"fray: dropped a reply: {e}", file=sys.stderr, flush=True)
+            self.loop.call_soon(lambda: self.drop("a reply broke the protocol"))
 
     def _on_readable(self) -> None:
         if self.hs is not None:
@@ -354,7 +374,7 @@ def ping(conn: ClientConnection, fut: Future) -> None:
     conn.request([PING, next_rid()], [], fut)
 
 
-def encode_call(method: str, args: tuple, kwargs: dict, deadline_wall: float, key, timeout):
+def encode_call(method: str, payload: list, deadline_wall: float, key, timeout):
+    """A CALL frame's header and payload; `payload` is `dumps((args, kwargs))` or [] for none."""
     header = [CALL, next_rid(), method, deadline_wall, key, timeout]
-    payload = dumps((args, kwargs)) if (args or kwargs) else []
     return header, payload

@@ -67,7 +67,7 @@ def fetch_actors(cluster_dir: str, timeout: float = 10.0) -> list[ActorInfo]:
     )
     try:
         deadline = time.monotonic() + timeout
-        header, payload = encode_call("actors", (), {}, time.time() + timeout, None, timeout)
+        header, payload = encode_call("actors", [], time.time() + timeout, None, timeout)
         fut = Future("controller", "actors", deadline, timeout)
         conn.request(header, payload, fut)
         rows = fut.result()

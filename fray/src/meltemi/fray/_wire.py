@@ -30,6 +30,7 @@ import secrets
 import socket
 import stat
 import struct
+import time
 from collections.abc import Sequence
 
 import cloudpickle
@@ -234,8 +235,14 @@ def frame_size(parts: Sequence) -> int:
     return sum(memoryview(p).nbytes for p in parts)
 
 
-def send_frame(sock: socket.socket, parts: Sequence, max_frame_bytes: int) -> None:
-    """Sends one frame (the caller holds the socket's send lock)."""
+def send_frame(
+    sock: socket.socket, parts: Sequence, max_frame_bytes: int, deadline: float | None = None
+) -> None:
+    """Sends one frame (the caller holds the socket's send lock).
+
+    With a `deadline` (`time.monotonic()`), raises TimeoutError once it passes with the frame
+    not fully sent; the connection is then unusable (part of a frame went out) and must close.
+    """
     lens = [memoryview(p).nbytes for p in parts]
     total = sum(lens)
     if total > max_frame_bytes:
@@ -245,16 +252,45 @@ def send_frame(sock: socket.socket, parts: Sequence, max_frame_bytes: int) -> No
         )
     prefix = struct.pack(f"<I{len(parts)}Q", len(parts), *lens)
     if total < 64 * 1024:
-        sock.sendall(prefix + b"".join(parts))
+        data = prefix + b"".join(parts)
+        if deadline is None:
+            sock.sendall(data)
+            return
+        try:  # the common case, a buffer with room: no timeout to set and reset
+            sent = sock.send(data, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            sent = 0
+        if sent == len(data):
+            return
+        _time_left(sock, deadline)
+        try:
+            sock.sendall(memoryview(data)[sent:])  # one timeout for the whole rest
+        finally:
+            sock.settimeout(None)
         return
-    views = [memoryview(prefix), *(memoryview(p).cast("B") for p in parts)]
-    while views:
-        sent = sock.sendmsg(views)
-        while views and sent >= views[0].nbytes:
-            sent -= views[0].nbytes
-            views.pop(0)
-        if views and sent:
-            views[0] = views[0][sent:]
+    if deadline is not None:
+        _time_left(sock, deadline)
+    try:
+        views = [memoryview(prefix), *(memoryview(p).cast("B") for p in parts)]
+        while views:
+            sent = sock.sendmsg(views)
+            while views and sent >= views[0].nbytes:
+                sent -= views[0].nbytes
+                views.pop(0)
+            if views and sent:
+                views[0] = views[0][sent:]
+            if views and deadline is not None:
+                _time_left(sock, deadline)
+    finally:
+        if deadline is not None:
+            sock.settimeout(None)
+
+
+def _time_left(sock: socket.socket, deadline: float) -> None:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the deadline passed while sending")
+    sock.settimeout(left)
 
 
 class FrameReader:
