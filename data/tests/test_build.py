@@ -108,8 +108,8 @@ def test_a_truncated_gzip_in_a_directory_keeps_every_readable_record(tmp_path, k
     write_jsonl(tmp_path / "dir" / "b.jsonl", ["after"])
     store = build_store([kind("d", [str(tmp_path / "dir")])], TOK, tmp_path / "s")
     assert readable > 9_000 and store.num_documents == readable + 1
-    assert store.skipped == {"unreadable_files": 1}
-    assert "a.jsonl.gz: unreadable (EOFError" in store.metadata["examples"]["unreadable_files"][0]
+    assert store.skipped == {"truncated_file": 1}
+    assert "a.jsonl.gz: unreadable (EOFError" in store.metadata["examples"]["truncated_file"][0]
 
 
 def test_files_reads_each_file_by_its_name(tmp_path):
@@ -294,6 +294,17 @@ def test_a_failing_worker_leaves_a_resumable_build(tmp_path):
     assert _decoded(store) == texts
 
 
+def _is_none(item):
+    return item is None
+
+
+def test_map_unordered_runs_every_item_even_none():
+    # None used to end the items early: [1, None, 2] gave one result.
+    with fray.InProcessCluster() as cluster:
+        results = list(FrayExecutor(2, cluster=cluster).map_unordered(_is_none, [1, None, 2, None]))
+    assert sorted(results) == [False, False, True, True]
+
+
 def test_a_second_concurrent_build_is_refused(tmp_path):
     src, _ = _many_files(tmp_path, 3)
     build_store([src], TOK, tmp_path / "s", stop_after_shards=0)
@@ -375,7 +386,7 @@ def test_corrupt_files_are_counted_not_fatal(tmp_path):
     src = JsonlFiles("j", [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl.gz")])
     store = build_store([src], TOK, tmp_path / "s")
     assert _decoded(store) == ["fine"]
-    assert store.skipped == {"unreadable_files": 1}
+    assert store.skipped == {"truncated_file": 1}
     assert any("b.jsonl.gz: unreadable" in p for p in store.metadata["problems"])
 
 
@@ -394,3 +405,24 @@ class _BrokenTokenizer(ByteTokenizer):
 def test_a_bug_in_processing_is_raised_not_counted(tmp_path):
     with pytest.raises(RuntimeError, match="tokenizer bug"):
         build_store([_jsonl_source(tmp_path, ["x"])], _BrokenTokenizer(), tmp_path / "s")
+
+
+def test_skipped_summary_is_one_line_naming_reasons_and_an_example(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'{"text": "fine"}\n{oops\n{"text": "bad \xff byte"}\n{"x": 1}\n')
+    store = build_store([JsonlFiles("a", [str(path)])], ByteTokenizer(), tmp_path / "s")
+    line = store.skipped_summary()
+    assert line == (
+        f"data: {tmp_path}/s skipped 2 inputs (malformed_json 1, no_text_field 1; e.g. "
+        f"{path}:2: malformed JSON (Expecting property name enclosed in double quotes at "
+        f"column 2)); altered 1 documents (invalid_utf8_replaced 1); 2 documents kept; "
+        f"details in {tmp_path}/s/meta.json"
+    )
+    clean = tmp_path / "b.jsonl"
+    clean.write_text('{"text": "fine"}\n')
+    assert (
+        build_store(
+            [JsonlFiles("b", [str(clean)])], ByteTokenizer(), tmp_path / "t"
+        ).skipped_summary()
+        is None
+    )

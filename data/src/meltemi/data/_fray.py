@@ -11,6 +11,7 @@ from meltemi import fray
 
 __all__ = ["FrayExecutor"]
 
+_END = object()  # end of the items (None is an item like any other)
 _TASK_TIMEOUT_S = 24 * 3600.0  # a shard of a huge file may take long; the ledger bounds the loss
 
 
@@ -52,8 +53,8 @@ class FrayExecutor:
             todo = iter(items)
 
             def submit(worker) -> bool:
-                item = next(todo, None)
-                if item is None:
+                item = next(todo, _END)
+                if item is _END:
                     return False
                 future = worker.run.options(timeout=_TASK_TIMEOUT_S).remote(fn, item)
                 future.add_done_callback(lambda f, w=worker: done.put((w, f)))
