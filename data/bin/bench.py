@@ -15,6 +15,17 @@ All figures come from one run on this machine:
 * `pack_*`: whole-document packing of 100,000 documents of 50..1499 tokens at seq_len 2048:
   padding of next-fit and first-fit-decreasing (window 1024) against the lower bound, and the
   time of each against the previous piece-by-piece loop (the reference).
+* `pipeline_mb_per_s`: `meltemi.data.pipeline` end to end (normalize, exact and fuzzy dedup,
+  quality, tokenize with the byte tokenizer) on a synthetic corpus with planted duplicates and
+  junk, `--workers` fray actors on a `LocalCluster` started before the clock (input MB/s);
+  `pipeline_inline_mb_per_s` is the same in one process.
+* `minhash_docs_per_s`: `minhash_signatures` (128 values, 5-word shingles, one-permutation
+  hashing), one process; `minhash_permutations_docs_per_s`: classic MinHash (128 hashes a
+  shingle) on the same documents;
+  `lsh_docs_per_s`: banding, verification and components of those signatures. When
+  `datasketch` is importable, `datasketch_*` measure its `MinHash.update_batch` (shingled in
+  Python, as its users do) and `MinHashLSH` (same bands, insert + query + `jaccard` check) on
+  the same documents: the reference.
 * `decontaminate_*`: one 2,000-token document against 2M evaluation hashes: sorted search
   (`contains_any`) against `np.isin` (the previous check, the reference).
 
@@ -28,12 +39,14 @@ import datetime
 import json
 import os
 import platform
+import re
 import sys
 import tempfile
 import time
 
 import numpy as np
 
+from meltemi import fray
 from meltemi.data import (
     ByteTokenizer,
     FeistelPermutation,
@@ -45,6 +58,14 @@ from meltemi.data import (
 )
 from meltemi.data._clean import contains_any
 from meltemi.data._packing import pack_ffd, pack_next_fit, padding_fraction
+from meltemi.data.pipeline import (
+    PipelineConfig,
+    lsh_params,
+    minhash_signatures,
+    near_duplicate_drops,
+    run_pipeline,
+)
+from meltemi.data.pipeline._synthetic import synthetic_corpus, write_corpus
 
 
 def _best(fn, repeats: int) -> float:
@@ -207,6 +228,88 @@ def bench_decontamination(hashes: int, tokens: int, repeats: int) -> dict:
     }
 
 
+def _datasketch(texts: list[str], threshold: float, repeats: int) -> dict:
+    """The reference: datasketch's MinHash and MinHashLSH on the same texts (if installed)."""
+    try:
+        from datasketch import MinHash, MinHashLSH
+    except ModuleNotFoundError:
+        return {}
+    word = re.compile(r"[^\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")
+
+    def signatures():
+        out = []
+        for t in texts:
+            w = word.findall(t.lower())
+            shingles = {" ".join(w[i : i + 5]).encode() for i in range(len(w) - 4)}
+            m = MinHash(num_perm=128, seed=1)
+            m.update_batch(list(shingles))
+            out.append(m)
+        return out
+
+    sigs = signatures()
+    bands, rows = lsh_params(threshold, 128)
+
+    def lsh():
+        index = MinHashLSH(threshold=threshold, num_perm=128, params=(bands, rows))
+        for i, m in enumerate(sigs):
+            index.insert(i, m)
+        pairs = {(min(i, j), max(i, j)) for i, m in enumerate(sigs) for j in index.query(m)}
+        return sum(sigs[i].jaccard(sigs[j]) >= threshold for i, j in pairs if i != j)
+
+    return {
+        "datasketch_minhash_docs_per_s": len(texts) / _best(signatures, repeats),
+        "datasketch_lsh_docs_per_s": len(texts) / _best(lsh, repeats),
+    }
+
+
+def bench_pipeline(workdir: str, distinct: int, repeats: int, workers: int) -> dict:
+    recs = synthetic_corpus(
+        distinct, exact=distinct // 20, near=distinct // 20, junk=distinct // 10
+    )
+    paths = write_corpus(recs, os.path.join(workdir, "corpus"), files=8)
+    mb = sum(os.path.getsize(p) for p in paths) / 1e6
+    runs = iter(range(1 << 20))
+
+    def once(cluster):
+        out = os.path.join(workdir, f"pipeline-{next(runs)}")
+        cfg = PipelineConfig(tuple(paths), out, tokenize=True, min_shards=2 * workers)
+        report = run_pipeline(cfg, cluster=cluster, workers=workers)
+        assert report is not None and report["documents"] > 0.9 * distinct
+        return report
+
+    with fray.LocalCluster() as cluster:
+        fray_s = _best(lambda: once(cluster), repeats)
+    inline_s = _best(lambda: once(None), repeats)
+    texts = [r["text"] for r in recs]
+    sig: list = []
+    minhash_s = _best(lambda: sig.__setitem__(slice(None), [minhash_signatures(texts)]), repeats)
+    sigs, has = sig[0]
+    classic_s = _best(lambda: minhash_signatures(texts, scheme="permutations"), repeats)
+    bands, rows = lsh_params(0.8, 128)
+    lsh_s = _best(
+        lambda: near_duplicate_drops(sigs, has, threshold=0.8, bands=bands, rows=rows), repeats
+    )
+    out = {
+        "pipeline_input_mb": mb,
+        "pipeline_documents": len(recs),
+        "pipeline_mb_per_s": mb / fray_s,
+        "pipeline_inline_mb_per_s": mb / inline_s,
+        "pipeline_goal_5mb_per_s_met": mb / fray_s >= 5.0,
+        "minhash_docs_per_s": len(texts) / minhash_s,
+        "minhash_mb_per_s": sum(map(len, texts)) / 1e6 / minhash_s,
+        "minhash_permutations_docs_per_s": len(texts) / classic_s,
+        "lsh_docs_per_s": len(texts) / lsh_s,
+    }
+    ref = _datasketch(texts, 0.8, repeats)
+    out.update(ref)
+    if ref:
+        out["minhash_vs_datasketch"] = (
+            out["minhash_docs_per_s"] / ref["datasketch_minhash_docs_per_s"]
+        )
+        out["lsh_vs_datasketch"] = out["lsh_docs_per_s"] / ref["datasketch_lsh_docs_per_s"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--length", type=int, default=10**9)
@@ -219,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--short_documents", type=int, default=60_000)
     p.add_argument("--pack_documents", type=int, default=100_000)
     p.add_argument("--eval_hashes", type=int, default=2_000_000)
+    p.add_argument("--pipeline_documents", type=int, default=8_000)
+    p.add_argument("--only", choices=["pipeline"], help="run only this benchmark")
     p.add_argument("--quick", action="store_true", help="tiny sizes (for tests)")
     args = p.parse_args(argv)
     if args.quick:
@@ -230,7 +335,14 @@ def main(argv: list[str] | None = None) -> int:
             1,
         )
         args.short_documents, args.pack_documents, args.eval_hashes = 6_000, 5_000, 10_000
+        args.pipeline_documents = 200
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if args.only == "pipeline":
+        with tempfile.TemporaryDirectory() as tmp:
+            out = bench_pipeline(tmp, args.pipeline_documents, args.repeats, args.workers)
+        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()},
+                         indent=1))  # fmt: skip
+        return 0
     out = {
         "date": datetime.date.today().isoformat(),
         "machine": f"{os.cpu_count()}-core CPU VM ({platform.machine()}, {platform.system()})",
@@ -248,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         out.update(bench_short_documents(tmp, args.short_documents, args.repeats))
     out.update(bench_packing(args.pack_documents, args.repeats))
     out.update(bench_decontamination(args.eval_hashes, 2000, args.repeats))
+    with tempfile.TemporaryDirectory() as tmp:
+        out.update(bench_pipeline(tmp, args.pipeline_documents, args.repeats, args.workers))
     ref = out["numpy_permutation_per_s"]
     out["feistel_numpy_vs_numpy_permutation"] = out["feistel_numpy_indices_per_s"] / ref
     out["feistel_jax_vs_numpy_permutation"] = out["feistel_jax_indices_per_s"] / ref

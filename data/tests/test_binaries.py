@@ -78,3 +78,29 @@ def test_bench_quick_reports_consistent_figures(capsys):
     assert 50 < out["short_doc_mean_tokens"] < 200 and out["short_doc_pieces_per_batch"] > 32 * 20
     speedups = [k for k in out if k.endswith("_vs_reference")]
     assert len(speedups) == 3 and all(out[k] > 0 for k in speedups)
+
+
+def test_pipeline_runs_on_fray_resumes_and_reports(tmp_path, capsys):
+    from meltemi.data.pipeline._synthetic import synthetic_corpus, write_corpus
+
+    write_corpus(synthetic_corpus(40, exact=4, near=4, junk=6, seed=2), str(tmp_path / "in"), 2)
+    args = ["--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--workers", "2",
+            "--tokenize", "--quality", "min_words=20"]  # fmt: skip
+    assert _main("pipeline")(args) == 0
+    out = capsys.readouterr().out
+    assert "| exact_dedup | 54 | 50 | 4 | exact_duplicate 4 | 0 |" in out
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    n = report["documents"]
+    assert 40 <= n <= 44  # 40 distinct documents, plus any of the 4 near copies missed
+    assert f"| tokenize | {n} | {n} | 0 |" in out and f"{n} documents in" in out
+    assert _main("pipeline")(args) == 0  # finished: a rerun does nothing
+    assert "finished already" in capsys.readouterr().err
+
+
+def test_pipeline_user_errors_print_one_line_and_exit_2(tmp_path, capsys):
+    args = ["--input", str(tmp_path / "none*.jsonl"), "--output", str(tmp_path / "o")]
+    assert _main("pipeline")([*args, "--quality", "min_word=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --quality: 'min_word=3'") and "did you mean 'min_words'" in err
+    assert _main("pipeline")(args) == 2
+    assert capsys.readouterr().err.startswith("error: Files(name='input'): no files match")

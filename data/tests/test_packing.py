@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from meltemi.data import PackedDataset
+from meltemi.data import PackedDataset, packing_options
 from meltemi.data._packing import pack_ffd, pack_next_fit, padding_fraction
 
 
@@ -156,3 +156,26 @@ def test_batched_reads_equal_per_document_slices(tiny_store, monkeypatch, strate
     assert np.array_equal(flat, np.concatenate(want))
     pieces = list(zip(docs.tolist(), starts.tolist(), stops.tolist(), strict=True))
     assert all(np.array_equal(a, b) for a, b in zip(tiny_store.read(pieces), want, strict=True))
+
+
+def test_whole_documents_packing_never_splits_a_short_document(tiny_store):
+    seq = 61
+    ds = PackedDataset(tiny_store, seq_len=seq, batch_size=1, **packing_options("whole_documents"))
+    rows = ds.sequences(np.arange(ds.num_sequences))
+    pieces = {}
+    for i in range(ds.num_sequences):
+        for p in ds.locate_sequence(i):
+            pieces.setdefault(p.document, []).append(p)
+    for d, got in pieces.items():
+        n = int(tiny_store.document_lengths[d])
+        if n < seq:  # one piece: the whole document in one row
+            assert [(p.token_offset, p.length) for p in got] == [(0, n)]
+        else:  # cut at seq_len boundaries
+            assert sorted(p.token_offset for p in got) == list(range(0, n, seq))
+    assert ds.padding_fraction == pytest.approx((rows["segment_ids"] == 0).mean())
+    assert packing_options("stream") == {"mode": "stream"}
+
+
+def test_an_unknown_packing_names_the_config_field():
+    with pytest.raises(ValueError, match=r"data.packing='whole_docs': use one of \['stream', "):
+        packing_options("whole_docs")

@@ -194,7 +194,7 @@ def test_a_truncated_text_archive_keeps_what_was_read(tmp_path):
     store = build_store([TextFiles("t", [str(tmp_path / "t.txt.gz")])], ByteTokenizer(),
                         tmp_path / "s")  # fmt: skip
     assert store.num_documents == 1 and 500_000 < store.num_tokens < 1_500_000
-    assert store.skipped == {"unreadable_files": 1}
+    assert store.skipped == {"truncated_file": 1}
 
 
 def test_a_url_source_is_streamed_not_read_whole(tmp_path):

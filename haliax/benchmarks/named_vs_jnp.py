@@ -43,7 +43,7 @@ class MlpBlock(eqx.Module):
     mlp: hax.nn.MLP
 
     @staticmethod
-    def init(Embed, Mlp, *, key):  # noqa: N803
+    def init(Embed, Mlp, *, key):
         mlp = hax.nn.MLP.init(
             Embed,
             Embed,
@@ -85,7 +85,7 @@ class AttnBlock(eqx.Module):
     attn: A.Attention
 
     @staticmethod
-    def init(Embed, sizes: Sizes, *, key):  # noqa: N803
+    def init(Embed, sizes: Sizes, *, key):
         attn = A.Attention.init(
             Embed,
             num_heads=sizes.heads,
@@ -142,7 +142,7 @@ def attn_params(block: AttnBlock):
 
 def make(sizes: Sizes, seed: int = 0):
     """(named MLP block, named attention block, x as NamedArray) with jitted init."""
-    Batch, Pos, Embed, Mlp = sizes.axes  # noqa: N806
+    Batch, Pos, Embed, Mlp = sizes.axes
     k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
     mlp = eqx.filter_jit(MlpBlock.init)(Embed, Mlp, key=k1)
     attn = eqx.filter_jit(lambda k: AttnBlock.init(Embed, sizes, key=k))(k2)

@@ -134,3 +134,118 @@ def test_dot_out_axes_orders_result():
 def test_tril_over_named_axes():
     x = hax.ones((Pos, Pos.alias("key_pos")))
     np.testing.assert_array_equal(hax.tril(x, ("pos", "key_pos")).array, np.tril(np.ones((5, 5))))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "around",
+        "conjugate",
+        "copy",
+        "degrees",
+        "radians",
+        "fabs",
+        "i0",
+        "sinc",
+        "isneginf",
+        "isposinf",
+        "iscomplex",
+        "isreal",
+        "signbit",
+        "cbrt",
+        "expm1",
+    ],
+)
+def test_more_elementwise_ops_match_jnp(name):
+    x = _rand((Batch, Embed)) * 3
+    x = x.at[{"batch": 0, "embed": 0}].set(-jnp.inf).at[{"batch": 1, "embed": 0}].set(jnp.inf)
+    np.testing.assert_allclose(getattr(hax, name)(x).array, getattr(jnp, name)(x.array), rtol=1e-5)
+
+
+def test_fix_rounds_towards_zero():
+    x = hax.named(jnp.array([-2.5, -0.5, 0.5, 2.5, 3.9]), Pos)
+    np.testing.assert_array_equal(hax.fix(x).array, [-2.0, -0.0, 0.0, 2.0, 3.0])
+
+
+def test_divmod_and_frexp_return_named_pairs():
+    x = _rand((Batch, Embed)) * 10
+    y = hax.arange(Embed, start=1.0)
+    q, r = hax.divmod(x, y)
+    rq, rr = jnp.divmod(x.array, y.array[None, :])
+    assert q.axes == r.axes == (Batch, Embed)
+    np.testing.assert_allclose(q.array, rq)
+    np.testing.assert_allclose(r.array, rr, rtol=1e-5, atol=1e-5)
+    m, e = hax.frexp(x)
+    np.testing.assert_allclose((m * 2.0**e).array, x.array, rtol=1e-6)
+    assert hax.ndim(x) == 2
+
+
+def test_array_equiv_broadcasts_by_name():
+    a = hax.ones((Batch, Embed))
+    assert hax.array_equiv(a, hax.ones(Embed))
+    assert not hax.array_equiv(a, hax.zeros(Embed))
+    assert not hax.array_equiv(a, hax.ones(Embed.resize(4)))
+
+
+def test_isclose_equal_nan():
+    x = hax.named(jnp.array([1.0, jnp.nan, 3.0, 4.0, 5.0]), Pos)
+    assert not bool(hax.isclose(x, x).all().scalar())
+    assert bool(hax.isclose(x, x, equal_nan=True).all().scalar())
+    assert hax.allclose(x, x, equal_nan=True)
+
+
+def test_tril_takes_two_axes_as_in_haliax_and_the_pair_form():
+    Row, Col = hax.make_axes(row=5, col=7)
+    x = _rand((Batch, Row, Col))
+    ref = np.tril(np.asarray(x.array), k=1)
+    np.testing.assert_array_equal(hax.tril(x, Row, Col, k=1).array, ref)
+    np.testing.assert_array_equal(hax.tril(x, ("row", "col"), 1).array, ref)
+    out = hax.triu(x, "col", "row")  # rows are `col` now: the transposed triangle
+    np.testing.assert_array_equal(
+        out.array, np.swapaxes(np.triu(np.swapaxes(np.asarray(x.array), 1, 2)), 1, 2)
+    )
+
+
+def test_pad_by_axis_name_grows_only_those_axes():
+    x = _rand((Batch, Pos, Embed))
+    out = hax.pad(x, {"pos": (1, 2), Embed: (0, 3)}, constant_values=-1.0)
+    assert out.shape == {"batch": 3, "pos": 8, "embed": 10}
+    ref = np.pad(np.asarray(x.array), [(0, 0), (1, 2), (0, 3)], constant_values=-1.0)
+    np.testing.assert_array_equal(out.array, ref)
+    refl = hax.pad(x, {"embed": (2, 2)}, mode="reflect")
+    np.testing.assert_array_equal(
+        refl.array, np.pad(np.asarray(x.array), [(0, 0), (0, 0), (2, 2)], mode="reflect")
+    )
+
+
+def test_pad_left_fills_the_front_and_renames():
+    x = _rand((Batch, Pos))
+    New = hax.Axis("padded", 11)
+    out = hax.pad_left(x, Pos, New, value=9.0)
+    assert out.axes == (Batch, New)
+    np.testing.assert_array_equal(out.array[:, :6], 9.0)
+    np.testing.assert_array_equal(out.array[:, 6:], x.array)
+    with pytest.raises(hax.AxisError, match="cannot pad axis 'pos' of size 5 down to 3"):
+        hax.pad_left(x, Pos, hax.Axis("p", 3))
+
+
+def test_ravel_and_flatten_merge_all_axes_in_order():
+    x = _rand((Batch, Pos, Embed))
+    out = hax.ravel(x, "flat")
+    assert out.axes == (hax.Axis("flat", 105),)
+    np.testing.assert_array_equal(out.array, np.ravel(np.asarray(x.array)))
+    assert hax.flatten(x, hax.Axis("flat", 105)).axes == out.axes
+
+
+def test_arange_over_several_axes_numbers_row_major_and_takes_a_traced_start():
+    out = hax.arange((Batch, Pos), start=2, step=3)
+    assert out.axes == (Batch, Pos)
+    np.testing.assert_array_equal(out.array, (np.arange(15) * 3 + 2).reshape(3, 5))
+    traced = jax.jit(lambda s: hax.arange(Embed, start=s).array)(jnp.int32(4))
+    np.testing.assert_array_equal(traced, np.arange(4, 11))
+
+
+def test_constructors_and_random_accept_haliax_shape_dicts():
+    assert hax.zeros({"batch": 3, "pos": 5}).axes == (Batch, Pos)
+    assert hax.random.normal(jax.random.key(0), {"embed": 7}).axes == (Embed,)
+    assert hax.linspace("t", start=0.0, stop=1.0).shape == {"t": 50}

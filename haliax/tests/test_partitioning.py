@@ -124,12 +124,81 @@ def test_named_jit_does_not_recompile_second_call(setup):
                 f(m, ids)
 
 
-def test_pspec_uses_each_mesh_axis_once_and_skips_uneven():
+def test_pspec_uses_each_mesh_axis_once():
     mesh = P.make_mesh({"data": 4, "model": 2})
-    spec = P.pspec_for_axis(
-        (Batch, Embed, Vocab), {"batch": "data", "embed": "data", "vocab": "model"}, mesh
+    spec = P.pspec_for_axis((Batch, Embed, Mlp), {"batch": "data", "embed": "data"}, mesh)
+    assert spec == PartitionSpec("data", None, None)  # embed: data already taken by batch
+
+
+def test_uneven_axis_is_an_error_naming_axis_size_mesh_axis_and_fix():
+    mesh = P.make_mesh({"data": 4, "model": 2})
+    with pytest.raises(
+        P.ShardingError,
+        match=r"axis 'vocab' of size 11 cannot be split evenly over mesh axis 'model'=2 .*"
+        r"pad it to 12.*\{'vocab': None, \.\.\.\}.*uneven=\"replicate\"",
+    ):
+        P.pspec_for_axis((Batch, Vocab), {"batch": "data", "vocab": "model"}, mesh)
+    with pytest.raises(P.ShardingError, match=r"'vocab' of size 11 .* 'data'=4, 'model'=2"):
+        P.pspec_for_axis((Vocab,), {"vocab": ("data", "model")}, mesh)
+
+
+def test_uneven_axis_is_an_error_in_shard_and_infer_resource_partitions():
+    mesh = P.make_mesh({"data": 8})
+    x = hax.ones((Vocab, Embed))
+    with pytest.raises(P.ShardingError, match=r"axis 'vocab' of size 11"):
+        hax.shard(x, {"vocab": "data"}, mesh)
+    with pytest.raises(P.ShardingError, match=r"axis 'vocab' of size 11"):
+        P.infer_resource_partitions({"w": x}, {"vocab": "data"}, mesh=mesh)
+
+
+def test_uneven_replicate_keeps_the_axis_whole_when_asked():
+    mesh = P.make_mesh({"data": 8})
+    x = hax.ones((Vocab, Embed))
+    assert P.pspec_for_axis(x.axes, {"vocab": "data"}, mesh, uneven="replicate") == (
+        PartitionSpec(None, None)
     )
-    assert spec == PartitionSpec("data", None, None)  # embed: data taken; vocab 11 not divisible
+    with (
+        jax.set_mesh(mesh),
+        hax.axis_mapping({"vocab": "data", "embed": "data"}, uneven="replicate"),
+    ):
+        y = hax.shard(x)
+        z = jax.jit(lambda a: hax.shard(a * 2))(x)
+    assert y.array.sharding.spec == PartitionSpec(None, "data")
+    assert z.array.sharding.spec == PartitionSpec(None, "data")
+
+
+def test_named_jit_uses_the_mapping_active_at_each_call():
+    mesh = P.make_mesh({"data": 8})
+    f = hax.named_jit(lambda x: x * 2)
+    x = hax.ones((Batch, Embed))
+    with jax.set_mesh(mesh):
+        with hax.axis_mapping({"batch": "data"}):
+            by_batch = f(x)
+        with hax.axis_mapping({"embed": "data"}):
+            by_embed = f(x)
+        with hax.axis_mapping({"batch": "data"}):
+            again = f(x)
+    assert by_batch.array.sharding.spec == PartitionSpec("data", None)
+    assert by_embed.array.sharding.spec == PartitionSpec(None, "data")
+    assert again.array.sharding.spec == PartitionSpec("data", None)
+    np.testing.assert_array_equal(by_embed.array, 2.0)
+
+
+def test_named_jit_model_code_sees_the_mapping_of_each_call():
+    mesh = P.make_mesh({"data": 8})
+
+    def inner_layout(x):
+        y = hax.shard(x + 1)  # model code: constrains by the ambient mapping
+        return y, y.array.sum()
+
+    f = hax.named_jit(inner_layout, out_axis_resources={})
+    x = hax.ones((Batch, Embed))
+    with jax.set_mesh(mesh):
+        with hax.axis_mapping({"batch": "data"}):
+            hlo_batch = f.lower(x).as_text()
+        with hax.axis_mapping({"embed": "data"}):
+            hlo_embed = f.lower(x).as_text()
+    assert hlo_batch != hlo_embed
 
 
 def test_mapping_to_unknown_mesh_axis_is_an_error():

@@ -156,14 +156,20 @@ def test_from_layers_inverts_unstacked():
 def test_stacked_keys_per_layer_are_scanned():
     s = _stack()
     x = hax.random.normal(jax.random.key(1), (Batch, Embed))
+    keys = jax.random.split(jax.random.key(2), Layers.size)
 
     class Noisy(eqx.Module):
         inner: Block
 
         def __call__(self, x, *, key):
-            return self.inner(x) + hax.random.normal(key, x.axes) * 0
+            return self.inner(x) + hax.random.normal(key, x.axes)
 
-    out = hax.fold(lambda c, blk, key: Noisy(blk)(c, key=key), Layers)(
-        x, s.stacked, jax.random.split(jax.random.key(2), 3)
-    )
-    np.testing.assert_allclose(out.array, s.fold(x).array, rtol=1e-5, atol=1e-5)
+    out = hax.fold(lambda c, blk, key: Noisy(blk)(c, key=key), Layers)(x, s.stacked, keys)
+    # Reference: a Python loop giving layer i the key keys[i], with plain jax.random noise.
+    ref = x.array
+    for i, layer in enumerate(s.unstacked()):
+        ref = layer(hax.named(ref, x.axes)).array + jax.random.normal(keys[i], ref.shape)
+    np.testing.assert_allclose(out.array, ref, rtol=1e-5, atol=1e-5)
+    # The noise matters: one key for every layer gives a different result.
+    same = hax.fold(lambda c, blk, key: Noisy(blk)(c, key=keys[0]), Layers)(x, s.stacked, keys)
+    assert not np.allclose(same.array, ref, atol=1e-3)

@@ -120,3 +120,39 @@ def test_load_casts_to_template_dtype(model):
     sd = {k: v.astype(np.float16) for k, v in sdm.to_state_dict(model).items()}
     back = sdm.from_state_dict(model, sd)
     assert back.out.weight.dtype == jnp.float32
+
+
+def test_save_and_load_state_dict_round_trip_through_safetensors(tmp_path):
+    lin = hax.nn.Linear.init(hax.Axis("in", 3), hax.Axis("out", 5), key=jax.random.key(0))
+    sd = hax.state_dict.to_numpy_state_dict(lin, prefix="proj")
+    path = str(tmp_path / "m.safetensors")
+    hax.state_dict.save_state_dict(sd, path)
+    loaded = hax.state_dict.load_state_dict(path)
+    assert sorted(loaded) == ["proj.bias", "proj.weight"]
+    back = hax.state_dict.from_state_dict(lin, loaded, prefix="proj")
+    np.testing.assert_array_equal(back.weight.array, lin.weight.array)
+
+
+def test_flatten_modules_for_export_uses_the_module_hooks():
+    A, B = hax.Axis("a", 3), hax.Axis("b", 5)
+
+    class Split(hax.state_dict.ModuleWithStateDictSerialization):
+        w: hax.NamedArray
+
+        def flatten_for_export(self):
+            return Split(self.w.flatten_axes(("a", "b"), "ab"))
+
+        def unflatten_from_export(self, template):
+            return Split(self.w.unflatten_axis("ab", template.w.axes))
+
+    class Outer(eqx.Module):
+        inner: Split
+        other: hax.NamedArray
+
+    m = Outer(Split(hax.random.normal(jax.random.key(1), (A, B))), hax.ones(A))
+    flat = hax.state_dict.flatten_modules_for_export(m)
+    assert flat.inner.w.axes == (hax.Axis("ab", 15),)
+    assert flat.other.axes == (A,)
+    back = hax.state_dict.unflatten_modules_from_export(flat, m)
+    np.testing.assert_array_equal(back.inner.w.array, m.inner.w.array)
+    assert Split(m.inner.w).to_state_dict()["w"].shape == (3, 5)

@@ -5,14 +5,20 @@ sequence) with the same optimizer chain on the same batches; rounds alternate so
 same machine load, and each side's best round counts. Prints one JSON object:
 
     trainer_tokens_per_s, pure_jax_tokens_per_s, trainer_vs_pure_jax_ratio,
-    mfu, peak_flops_per_s, compile_s, checkpoint_blocking_s, checkpoint_save_s
+    mfu, peak_flops_per_s, compile_s, checkpoint_blocking_s, checkpoint_save_s,
+    checkpoint_overhead (save / restore of a `--checkpoint_gib` state: file sizes only,
+    device-side array checksums, and the SHA-256 of every file that verification used to cost)
+
+`--checkpoint_only` runs just the checkpoint part.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import pathlib
+import shutil
 import sys
 import tempfile
 import time
@@ -22,7 +28,7 @@ import jax
 import numpy as np
 import optax
 
-from meltemi.levanter.checkpoint import Checkpointer
+from meltemi.levanter.checkpoint import Checkpointer, step_dir
 from meltemi.levanter.config import load_config
 from meltemi.levanter.mesh import make_mesh
 from meltemi.levanter.trainer import Trainer, build_parts, measure_peak_flops
@@ -73,14 +79,75 @@ def pure_jax_round(parts, batches, steps: int) -> float:
     return tokens / (time.perf_counter() - start)
 
 
+def _sha256_files(root: pathlib.Path) -> float:
+    """Seconds to SHA-256 every file of a checkpoint, as the manifest check used to."""
+    start = time.perf_counter()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            for block in iter(lambda f=f: f.read(1 << 20), b""):
+                h.update(block)
+    return time.perf_counter() - start
+
+
+def checkpoint_overhead(root: pathlib.Path, gib: float) -> dict:
+    """Save and restore times of a `gib` GiB float32 state with each verify mode."""
+    n_arrays = 16
+    per_array = int(gib * 2**30 / 4 / n_arrays)
+    keys = jax.random.split(jax.random.key(0), n_arrays)
+    state = {f"w{i}": jax.random.normal(k, (per_array // 1024, 1024)) for i, k in enumerate(keys)}
+    jax.block_until_ready(state)
+    template = jax.tree.map(jax.numpy.zeros_like, state)
+    out: dict = {"state_gib": round(sum(x.nbytes for x in state.values()) / 2**30, 3)}
+    for verify in ("sizes", "checksums"):
+        ckpt = Checkpointer(root / verify, verify=verify)
+        start = time.perf_counter()
+        ckpt.save(1, state, config_json="{}")
+        blocking = time.perf_counter() - start
+        ckpt.wait()
+        saved = time.perf_counter() - start
+        start = time.perf_counter()
+        _, restored = ckpt.restore(template)
+        jax.block_until_ready(restored)
+        out[verify] = {
+            "save_blocking_s": round(blocking, 3),
+            "save_s": round(saved, 3),
+            "restore_s": round(time.perf_counter() - start, 3),
+        }
+        ckpt.close()
+        del restored
+    sha = _sha256_files(step_dir(root / "sizes", 1))
+    out["sha256_of_every_file_s"] = round(sha, 3)
+    extra = {k: out["checksums"][k] - out["sizes"][k] for k in ("save_s", "restore_s")}
+    out["checksums_extra_s"] = {k: round(v, 3) for k, v in extra.items()}
+    # The former scheme hashed every file once after the save and once before the restore.
+    out["former_sha256_extra_s"] = {"save_s": round(sha, 3), "restore_s": round(sha, 3)}
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30, help="timed steps per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--checkpoint_gib", type=float, default=2.0, help="0: skip")
+    parser.add_argument("--checkpoint_only", action="store_true")
     args = parser.parse_args()
     root = pathlib.Path(tempfile.mkdtemp(prefix="meltemi-bench-"))
+    try:
+        return _run(args, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)  # a 2 GiB checkpoint must not stay behind
+
+
+def _run(args: argparse.Namespace, root: pathlib.Path) -> int:
+    overhead = (
+        checkpoint_overhead(root / "overhead", args.checkpoint_gib) if args.checkpoint_gib else None
+    )
+    if args.checkpoint_only:
+        print(json.dumps({"checkpoint_overhead": overhead}, indent=1))
+        return 0
     mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
     resolved = _config(root / "trainer", args.steps + 1, args)
     parts = build_parts(resolved.config)
@@ -116,6 +183,7 @@ def main() -> int:
         "compile_s": round(compile_s, 2),
         "checkpoint_blocking_s": round(blocking, 4),
         "checkpoint_save_s": round(save_s, 4),
+        "checkpoint_overhead": overhead,
         "model": parts.describe,
         "tokens_per_step": args.batch * args.seq,
         "rounds": {"trainer": [round(x, 1) for x in trainer_rounds],

@@ -40,8 +40,17 @@ def _params():
     }
 
 
-def _stacked_dims(leaf):
-    return optim.MatrixDims((0,), (1,), (2,)) if leaf.ndim == 3 else optim.muon_matrix_dims(leaf)
+def _stacked_dims(path, leaf):
+    """Plain stacked arrays `[layers, in, out]`: a batch of matrices (no axis names here)."""
+    if "embed" in path or "lm_head" in path or leaf.ndim < 2:
+        return None
+    return optim.MuonDimensionNumbers(leaf.ndim - 2, leaf.ndim - 1)
+
+
+def _optax_stacked_dims(params):
+    return jax.tree_util.tree_map_with_path(
+        lambda p, x: _stacked_dims(jax.tree_util.keystr(p), x), params
+    )
 
 
 def _compile(tx, params):
@@ -84,7 +93,13 @@ def main() -> None:
         "adamw": optim.adamw(schedule, weight_decay=0.1),
         "adamw_adamc": optim.adamw(schedule, weight_decay=0.1, adamc="decay"),
         "marin_chain": marin,
-        "muon": optim.muon(0.02, adam_learning_rate=3e-4, matrix_dims=_stacked_dims),
+        "muon": optim.muon(0.02, adam_learning_rate=3e-4, dimension_numbers=_stacked_dims),
+        "optax_contrib_muon": optax.contrib.muon(
+            0.02,
+            adam_learning_rate=3e-4,
+            adam_b2=0.95,
+            muon_weight_dimension_numbers=_optax_stacked_dims,
+        ),
     }
     compiled = {name: _compile(tx, params) for name, tx in cases.items()}
     ms = {name: float("inf") for name in cases}

@@ -36,10 +36,11 @@ def command(run_dir, cache_dir, *overrides, variant="smoke"):
     ]
 
 
-def run(run_dir, cache_dir, *overrides, variant="smoke", timeout=600):
+def run(run_dir, cache_dir, *overrides, variant="smoke", timeout=600, cwd=None):
     return subprocess.run(
         command(run_dir, cache_dir, *overrides, variant=variant),
         env=env(),
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,

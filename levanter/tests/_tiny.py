@@ -12,6 +12,7 @@ import optax
 
 import meltemi.haliax as hax
 from meltemi.levanter.config import base_config, with_variant
+from meltemi.levanter.mesh import make_mesh
 from meltemi.levanter.trainer import EvalSet, RunParts
 
 VOCAB, EMBED, MLP, SEQ = 11, 6, 10, 7
@@ -105,6 +106,4 @@ def config(run_dir, **overrides):
 
 def one_device_mesh():
     """Loop tests run on one device even when the process has 8 fake ones."""
-    from meltemi.levanter.mesh import make_mesh
-
     return make_mesh({"data": 1}, devices=jax.devices()[:1])

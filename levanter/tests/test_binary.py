@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import _subprocess
+import pytest
 
 
 def test_smoke_run_prints_summary_and_loss_curve(tmp_path):
@@ -56,3 +57,69 @@ def test_bad_mixture_exits_2_naming_the_key(tmp_path):
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "error: data.source='mixture' needs data.components" in proc.stderr
     assert not (tmp_path / "cache").exists()  # refused before building any store
+
+
+# -- config mistakes: one `error:` line, exit status 2, no traceback, nothing built ----------
+
+
+def _refused(proc, message, cache):
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and message in errors[0], proc.stderr[-3000:]
+    assert not cache.exists()  # refused before any store was built
+
+
+@pytest.mark.parametrize("path", ["train", "dry_run"])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "--config.trainer.compute_dtype=bf16",
+            "error: trainer.compute_dtype='bf16': write the dtype's name, "
+            "--config.trainer.compute_dtype=bfloat16",
+        ),
+        ("--config.model.preset=tiny-lama", "Did you mean 'tiny-llama'?"),
+        (
+            "--config.optimizer.no_decay_patterns=norm",
+            "error: optimizer.no_decay_patterns='norm' is a string",
+        ),
+        ("--config.trainer.compute_dtype=float16", "float16 needs loss scaling"),
+        (
+            "--config.optimizer.skip_step_sigma=3.0",
+            "error: optimizer.skip_step_sigma=3.0 has no effect while skip_step_window=None",
+        ),
+    ],
+    ids=["bf16", "preset", "string_patterns", "float16", "inert_key"],
+)
+def test_config_mistake_is_one_error_line_and_status_2(tmp_path, path, override, message):
+    extra = ("--dry_run", "--dry_run_devices=1") if path == "dry_run" else ()
+    proc = _subprocess.run(tmp_path / "run", tmp_path / "cache", override, *extra)
+    _refused(proc, message, tmp_path / "cache")
+    assert not (tmp_path / "run").exists()
+
+
+def test_resuming_with_another_model_shape_is_one_error_line(tmp_path):
+    first = _subprocess.run(tmp_path / "run", tmp_path / "cache", "--config.eval.num_batches=0")
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = _subprocess.run(
+        tmp_path / "run",
+        tmp_path / "cache",
+        "--config.eval.num_batches=0",
+        "--config.trainer.num_train_steps=3",
+        "--config.model.hidden_dim=48",
+    )
+    assert again.returncode == 2, again.stderr[-3000:]
+    assert "Traceback" not in again.stderr, again.stderr[-3000:]
+    errors = [ln for ln in again.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "params" in errors[0], again.stderr[-3000:]
+
+
+def test_summary_paths_are_relative_to_the_working_directory(tmp_path):
+    proc = _subprocess.run("run", tmp_path / "cache", "--config.eval.num_batches=0", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    for line in ("  run dir: run", "  checkpoints: run/checkpoints",
+                 "  metrics: run/metrics.jsonl", "  loss curve: run/loss.png"):  # fmt: skip
+        assert line in lines, proc.stdout
+    assert str(tmp_path) not in proc.stdout

@@ -8,8 +8,8 @@ import sys
 import _subprocess
 import pytest
 
-from meltemi.levanter.config import load_config
-from meltemi.levanter.trainer import DryRunReport, TrainerError, dry_run
+from meltemi.levanter.config import ConfigError, load_config
+from meltemi.levanter.trainer import DryRunReport, dry_run
 
 MARIN = pathlib.Path(__file__).parent.parent / "configs" / "marin_32b.py"
 
@@ -50,16 +50,20 @@ def test_marin_32b_dry_run_on_virtual_fsdp_mesh(tmp_path):
     # that stack to one f32 buffer for the backward loop (20 GiB). The backward pass then
     # recomputes one layer at a time; attention runs in blocks of 512 queries, so one
     # block's scores are 4 x 40 heads x 512 x 4096 x 4 B = 1.25 GiB (the whole matrix
-    # would be 10 GiB per copy, several live). The loss head is the other peak: logits
-    # 16,384 x 128,256 x 4 B = 7.8 GiB in f32 (plus a bf16 copy) and the full f32 gradient
-    # of the 128,256 x 5120 output matrix (2.4 GiB) before its reduce-scatter. Order of
-    # magnitude: 10 + 20 + ~14 = 44 GiB. Without activation sharding constraints XLA kept
+    # would be 10 GiB per copy, several live). The loss head runs over vocabulary blocks of
+    # 8,192 (models' blockwise cross-entropy): 16,384 x 8,192 x 4 B = 0.5 GiB of logits per
+    # block instead of 7.8 GiB for the whole vocabulary; what remains of the head is the f32
+    # gradient of the 128,256 x 5120 output matrix (2.4 GiB) before its reduce-scatter. Order
+    # of magnitude: 10 + 20 + ~5 = 35 GiB. Without activation sharding constraints XLA kept
     # the whole batch on every device (2,715 GiB); without remat every layer's internals
     # are kept (2,234 GiB).
     assert "keeps one residual per layer: 10.00 GiB" in out, out
-    assert 20 < _gib(out, "temporaries (activations, gradients):") < 60, out
-    assert "vs 95 GiB of HBM per device: fits (48%)" in out, out
-    assert "fits on: A100/H100 80GB, TPU v5p, H200" in out, out
+    # That sum is an order of magnitude; the figure XLA:CPU's buffer assignment gives today
+    # (README: 35.1 GiB; 43.9 GiB with full logits) is pinned to 2%, so a layout change
+    # that moves it shows here.
+    assert 34.4 < _gib(out, "temporaries (activations, gradients):") < 35.9, out
+    assert "vs 95 GiB of HBM per device: fits (39%)" in out, out
+    assert "fits on: A100 40GB, A100/H100 80GB, TPU v5p, H200" in out, out
     assert not (tmp_path / "run").exists()
 
 
@@ -96,5 +100,5 @@ def test_report_lists_the_accelerators_the_total_fits_on():
 
 def test_non_positive_hbm_is_rejected_with_the_fix():
     resolved = load_config(f"{MARIN}:smoke", [])
-    with pytest.raises(TrainerError, match=r"hbm_gib=0 must be a positive number of GiB"):
+    with pytest.raises(ConfigError, match=r"hbm_gib=0 must be a positive number of GiB"):
         dry_run(resolved, 1, hbm_gib=0)

@@ -1,16 +1,27 @@
 """The training loop: resume, preemption, batch-size schedules, metrics, retention."""
 
 import os
-import signal
 
-import _tiny
-import jax
-import numpy as np
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
-from meltemi.levanter.checkpoint import read_manifest, step_dir
-from meltemi.levanter.config import ResolvedConfig
-from meltemi.levanter.tracking import REQUIRED_KEYS, read_metrics
-from meltemi.levanter.trainer import Trainer
+import signal  # noqa: E402
+
+import _tiny  # noqa: E402
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from meltemi.levanter import optim  # noqa: E402
+from meltemi.levanter.checkpoint import read_manifest, step_dir  # noqa: E402
+from meltemi.levanter.config import (  # noqa: E402
+    BatchScheduleError,
+    ConfigError,
+    ResolvedConfig,
+    resolve,
+)
+from meltemi.levanter.mesh import make_mesh  # noqa: E402
+from meltemi.levanter.tracking import REQUIRED_KEYS, read_metrics  # noqa: E402
+from meltemi.levanter.trainer import Trainer  # noqa: E402
 
 
 def _run(config, parts=None, **kwargs):
@@ -95,8 +106,6 @@ def test_tensorboard_option_writes_event_files(tmp_path):
 
 
 def test_ema_parameters_are_evaluated_beside_the_parameters(tmp_path):
-    from meltemi.levanter import optim
-
     tx, _ = optim.build_optimizer({"learning_rate": 0.05, "ema_beta": 0.5, "total_steps": 6})
     _, result = _run(_tiny.config(tmp_path), parts=_tiny.parts(optimizer=tx))
     assert set(result.eval) == {"synthetic", "synthetic-ema"}
@@ -111,36 +120,91 @@ def test_resuming_with_a_changed_config_warns_with_the_differences(tmp_path, cap
 
 
 def test_microbatches_that_do_not_divide_the_batch_are_rejected(tmp_path):
-    import pytest
-
-    from meltemi.levanter.trainer import TrainerError
-
     config = _tiny.config(tmp_path, **{"trainer.microbatches": 3})
     with pytest.raises(
-        TrainerError, match=r"trainer.microbatches=3 does not divide the batch size 8"
+        ConfigError, match=r"trainer.microbatches=3 does not divide the batch size 8"
     ):
-        Trainer(ResolvedConfig(config, {}), _tiny.parts(), _tiny.one_device_mesh())
+        resolve(config)
 
 
 def test_malformed_batch_schedule_names_the_key_and_the_format(tmp_path):
-    import pytest
-
-    from meltemi.levanter.trainer import BatchScheduleError
-
     config = _tiny.config(tmp_path, **{"trainer.batch_schedule": "0:8,100"})
     with pytest.raises(
         BatchScheduleError, match=r"trainer.batch_schedule='0:8,100': '100' is not STEP:SIZE"
     ):
-        Trainer(ResolvedConfig(config, {}), _tiny.parts(), _tiny.one_device_mesh())
+        resolve(config)
 
 
-def test_unknown_compute_dtype_lists_the_choices(tmp_path):
-    import pytest
+def test_a_batch_that_does_not_split_over_the_devices_names_the_key(tmp_path):
+    config = _tiny.config(tmp_path, **{"trainer.train_batch_size": 3})
+    mesh = make_mesh({"data": 2}, devices=jax.devices()[:2])
+    with pytest.raises(ConfigError, match=r"trainer.train_batch_size: the microbatch of 3 rows"):
+        Trainer(resolve(config), _tiny.parts(), mesh)
 
-    from meltemi.levanter.trainer import TrainerError
 
-    config = _tiny.config(tmp_path, **{"trainer.compute_dtype": "bf16"})
+def test_resuming_with_another_batch_size_is_refused_with_a_schedule_that_keeps_the_past(
+    tmp_path,
+):
+    _run(_tiny.config(tmp_path, **{"trainer.train_batch_size": 4}), stop_after=2)
+    config = _tiny.config(tmp_path, **{"trainer.train_batch_size": 8})
     with pytest.raises(
-        TrainerError, match=r"trainer.compute_dtype='bf16': use one of \['bfloat16'"
+        ConfigError,
+        match=r"resuming step 2: the checkpoint trained rows 0-7 \(batch size 4\).*skip 8 rows.*"
+        r'--config.trainer.batch_schedule="0:4,2:8"',
     ):
-        Trainer(ResolvedConfig(config, {}), _tiny.parts(), _tiny.one_device_mesh())
+        _run(config)
+
+
+def test_resuming_with_the_suggested_schedule_continues_at_the_next_row(tmp_path):
+    _run(_tiny.config(tmp_path, **{"trainer.train_batch_size": 4}), stop_after=2)
+    parts = _tiny.parts()
+    parts.train_data = _Recording()
+    config = _tiny.config(tmp_path, **{"trainer.batch_schedule": "0:4,2:8"})
+    trainer = Trainer(ResolvedConfig(config, {}), parts, _tiny.one_device_mesh())
+    parts.train_data.rows.clear()  # shape probing at construction
+    result = trainer.run()
+    assert result.start_step == 2
+    trained = [r for r in parts.train_data.rows if r < 10_000]
+    assert sorted(trained) == list(range(8, 8 + 4 * 8))  # rows 8.. : none skipped or repeated
+
+
+def test_sigterm_without_checkpoints_does_not_claim_a_checkpoint(tmp_path):
+    config = _tiny.config(tmp_path, **{"checkpoint.enabled": False})
+
+    def preempt(step, record):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    result = Trainer(ResolvedConfig(config, {}), _tiny.parts(), _tiny.one_device_mesh()).run(
+        on_step=preempt
+    )
+    assert result.preempted and not result.checkpoint_saved
+    assert "checkpoint saved" not in result.summary
+    assert "run preempted (no checkpoint: checkpoint.enabled=false" in result.summary
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_sigterm_summary_says_the_checkpoint_was_saved(tmp_path):
+    config = _tiny.config(tmp_path, **{"checkpoint.save_every_steps": 100})
+
+    def preempt(step, record):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    result = Trainer(ResolvedConfig(config, {}), _tiny.parts(), _tiny.one_device_mesh()).run(
+        on_step=preempt
+    )
+    assert "run preempted (checkpoint saved): step 3/6" in result.summary
+
+
+def test_profile_traces_the_chosen_steps_into_the_run_dir(tmp_path):
+    _run(_tiny.config(tmp_path, **{"trainer.profile": (2, 3)}))
+    traces = list((tmp_path / "profile").rglob("*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0
+
+
+def test_profile_steps_outside_the_run_are_refused(tmp_path):
+    with pytest.raises(
+        ConfigError, match=r"trainer.profile=\(5, 9\): \(FIRST, LAST\).*num_train_steps=6"
+    ):
+        resolve(_tiny.config(tmp_path, **{"trainer.profile": (5, 9)}))

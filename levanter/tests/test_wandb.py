@@ -4,6 +4,7 @@ import json
 import pathlib
 
 from meltemi.levanter.config import load_config
+from meltemi.levanter.tracking import WANDB_ID_FILE
 from meltemi.levanter.trainer import train
 
 DEFAULT = pathlib.Path(__file__).parent.parent / "configs" / "default.py"
@@ -38,3 +39,26 @@ def test_offline_wandb_run_records_every_logged_metric(tmp_path, monkeypatch):
         assert key.encode() in data, key
     for record in records:
         assert json.dumps(record["train/loss"]).encode() in data, record["train/loss"]
+
+
+def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DISABLE_GIT", "true")
+    resolved = load_config(
+        f"{DEFAULT}:smoke",
+        [
+            ("run_dir", str(tmp_path / "run")),
+            ("data.cache_dir", str(tmp_path / "cache")),
+            ("logging.wandb", "true"),
+            ("logging.wandb_mode", "offline"),
+            ("eval.num_batches", "0"),
+        ],
+    )
+    first = train(resolved, stop_after=1)
+    assert first.step == 1
+    second = train(resolved)
+    assert second.start_step == 1 and second.step == 2
+    run_id = (tmp_path / "run" / WANDB_ID_FILE).read_text().strip()
+    runs = sorted((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2  # one per process, both the same W&B run
+    assert {r.name.rsplit("-", 1)[-1] for r in runs} == {run_id}

@@ -6,7 +6,13 @@
 * model FLOPs per token from XLA's `cost_analysis` of the train step (lowered with unrolled
   layers) vs the analytic `6N + attention` count (`meltemi.models.flops_per_token`);
 * MoE dropless vs capacity path (tokens/s, same weights);
-* decode tokens/s with the KV cache vs recomputing the sequence each step.
+* decode tokens/s with the KV cache vs recomputing the sequence each step;
+* compiled `generate` tokens/s against `transformers`' `generate` at batch 1 and 8
+  (`generate_bench.py`; keys `generate_tokens_per_s_bs{1,8}`, `generate_vs_transformers_bs{1,8}`);
+* `hf.load` of a 1.7 GB bfloat16 Llama onto 8 CPU devices (FSDP): peak host memory over the
+  checkpoint's bytes and time, against `transformers`' `from_pretrained` (`hf_load_bench.py`);
+* collective bytes per device of an MoE forward pass at expert parallelism 1-8, all-to-all
+  dispatch vs the gather-based layout (`moe_ep_bench.py`).
 """
 
 from __future__ import annotations
@@ -18,7 +24,10 @@ import platform
 import time
 
 import equinox as eqx
+import generate_bench
+import hf_load_bench
 import jax
+import moe_ep_bench
 import numpy as np
 
 import meltemi.models as mm
@@ -122,6 +131,9 @@ def main() -> None:
     results["decode_tokens_per_s"] = decode(
         _config("tiny-llama", args.quick), repeats, 16 if args.quick else 48
     )
+    results.update(generate_bench.measure(quick=args.quick))
+    results["hf_load"] = hf_load_bench.measure(quick=args.quick)
+    results["moe_ep"] = moe_ep_bench.measure()
     print(json.dumps(results, indent=2))
 
 

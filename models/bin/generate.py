@@ -2,10 +2,11 @@
 
     bazel run //models:generate -- --checkpoint=DIR --prompt="Once upon a time"
     bazel run //models:generate -- --checkpoint=DIR --prompt_ids=1,5,9 --temperature=0.8 --top_p=0.9
+    bazel run //models:generate -- --checkpoint=DIR --prompt="..." --cache_dtype=bfloat16
 
 Prompts are encoded with the directory's `tokenizer.json`; `--prompt_ids` passes token ids
-directly (for checkpoints without a tokenizer). Generation stops at the eos id of
-`generation_config.json` (else `config.json`). One JSON line per prompt is printed.
+directly (for checkpoints without a tokenizer). Generation stops at the eos id (or any of the
+eos ids) of `generation_config.json` (else `config.json`). One JSON line per prompt is printed.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eos_token_id", type=int, default=None, help="default: the checkpoint's")
     p.add_argument("--no_cache", action="store_true", help="recompute every step (slow)")
+    p.add_argument(
+        "--cache_dtype", choices=("float32", "bfloat16"), default=None, help="KV cache dtype"
+    )
     return p
 
 
@@ -77,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         eos_token_id=eos,
         key=jax.random.key(args.seed),
         use_cache=not args.no_cache,
+        cache_dtype=args.cache_dtype,
     )
     texts = args.prompt + args.prompt_ids
     for text, prompt, out in zip(texts, prompts, outputs, strict=True):

@@ -1,7 +1,8 @@
 """Hugging Face side of the parity tests: tiny random transformers models built locally.
 
 Nothing here touches the network: models are built from configs (never from the hub), on the
-CPU, in float32.
+CPU, in float32. The configs are the literal ones of `hf_configs.py`, never derived from our
+own `to_hf_config`, so the HF side of every parity test is independent of our export.
 """
 
 from __future__ import annotations
@@ -11,34 +12,26 @@ import pathlib
 import numpy as np
 import torch
 import transformers
-
-from meltemi.models import ModelConfig, to_hf_config
+from hf_configs import reference_config
 
 transformers.logging.set_verbosity_error()
 torch.manual_seed(0)
 
 
-def hf_config(config: ModelConfig) -> transformers.PretrainedConfig:
-    d = to_hf_config(config)
-    model_type = d.pop("model_type")
-    d.pop("architectures")
-    return transformers.AutoConfig.for_model(model_type, **d)
-
-
-def hf_param_count(config: ModelConfig) -> int:
-    """Parameters of the HF model for `config`, built on the meta device (no memory)."""
+def hf_param_count(preset: str) -> int:
+    """Parameters of the HF model of `preset`, built on the meta device (no memory)."""
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(hf_config(config))
+        model = transformers.AutoModelForCausalLM.from_config(reference_config(preset))
     return sum(p.numel() for p in model.parameters())
 
 
-def random_hf_model(config: ModelConfig, seed: int = 0) -> torch.nn.Module:
+def random_hf_model(preset: str, seed: int = 0) -> torch.nn.Module:
     """A randomly initialised HF model; norm weights are randomised too so that a missed
     (1 + w) convention or an unloaded norm cannot hide behind weights of one."""
     torch.manual_seed(seed)
     # The eager expert loop: torch's grouped_mm on CPU needs 16-byte-aligned (not odd) sizes.
     model = transformers.AutoModelForCausalLM.from_config(
-        hf_config(config), experts_implementation="eager"
+        reference_config(preset), experts_implementation="eager"
     )
     model = model.float().eval()
     with torch.no_grad():

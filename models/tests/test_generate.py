@@ -83,3 +83,133 @@ def test_empty_prompt_is_rejected():
     model = T.random_model(mm.get_preset("tiny-llama"), seed=3)
     with pytest.raises(mm.ConfigError, match="at least one token"):
         mm.generate(model, [[1], []], max_new_tokens=2)
+
+
+# -- one compiled program ------------------------------------------------------------------
+
+
+def _compiles(fn) -> int:
+    """How many XLA programs `fn()` compiles (backend compiles, whatever their source)."""
+    count = [0]
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            count[0] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        fn()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    return count[0]
+
+
+def test_many_prompt_lengths_and_budgets_share_a_handful_of_compiles():
+    model = T.random_model(mm.get_preset("tiny-llama").replace(max_seq_len=128), seed=3)
+    rng = np.random.default_rng(0)
+
+    def sweep():
+        for length in range(1, 31):  # 30 prompt lengths, 16 budgets, batches of 1-3
+            prompts = [rng.integers(1, 67, length).tolist()] * (1 + length % 3)
+            mm.generate(model, prompts, max_new_tokens=1 + length % 16, eos_token_id=None)
+
+    # buckets: prompt 16/32 x budget 16 x batch 1/2/4 (3 rows pad to 4) = 6 programs
+    assert _compiles(sweep) <= 6
+    assert _compiles(sweep) == 0  # the second sweep is all cache hits
+
+
+def test_bucketed_output_equals_the_unpadded_recomputation():
+    # Prompt lengths 7 and 17 straddle a bucket; budget 19 runs in the 32 bucket.
+    model = T.random_model(mm.get_preset("tiny-llama"), seed=4)
+    prompts = [list(range(3, 10)), list(range(20, 37))]
+    cached = mm.generate(model, prompts, max_new_tokens=19, eos_token_id=None)
+    full = mm.generate(model, prompts, max_new_tokens=19, eos_token_id=None, use_cache=False)
+    assert cached == full and [len(c) for c in cached] == [19, 19]
+
+
+def test_every_id_of_an_eos_list_stops_its_row(model, greedy):
+    # Row r stops at the first token of `greedy[r]` that is in the list; a row whose tokens
+    # avoid the list runs to the budget.
+    eos = [greedy[0][1], greedy[2][3], 1000]
+    out = mm.generate(model, PROMPTS, max_new_tokens=6, eos_token_id=eos)
+    for row, ref in zip(out, greedy, strict=True):
+        hits = [i for i, tok in enumerate(ref) if tok in eos]
+        assert row == (ref[: hits[0] + 1] if hits else ref)
+    assert len(out[0]) <= 2 and len(out[2]) <= 4
+
+
+def test_sampling_is_reproducible_from_the_key_and_changes_with_it():
+    model = T.random_model(mm.get_preset("tiny-llama"), seed=3)
+    sampling = mm.SamplingConfig(temperature=1.5, top_k=40, top_p=0.95)
+
+    def run(seed, prompts=PROMPTS):
+        return mm.generate(
+            model,
+            prompts,
+            max_new_tokens=12,
+            sampling=sampling,
+            key=jax.random.key(seed),
+            eos_token_id=None,
+        )
+
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+    # A row's draws depend on the key, the step and its row index only: the compiled loop
+    # and the step-by-step recomputation draw the same tokens.
+    recomputed = mm.generate(
+        model,
+        PROMPTS,
+        max_new_tokens=12,
+        sampling=sampling,
+        key=jax.random.key(7),
+        eos_token_id=None,
+        use_cache=False,
+    )
+    assert run(7) == recomputed
+
+
+def test_first_sampled_token_follows_the_filtered_softmax():
+    # 4,096 copies of one prompt: the first token's frequencies match the model's own
+    # next-token distribution after temperature and top-k (an independent computation).
+    model = T.random_model(mm.get_preset("tiny-llama"), seed=5)
+    prompt = [5, 6, 7]
+    temperature, top_k = 2.0, 8
+    logits = np.asarray(model(np.array([prompt])).array[0, -1], np.float64) / temperature
+    kth = np.sort(logits)[-top_k]
+    p = np.where(logits >= kth, np.exp(logits - logits.max()), 0.0)
+    p /= p.sum()
+    n = 4096
+    out = mm.generate(
+        model,
+        [prompt] * n,
+        max_new_tokens=1,
+        sampling=mm.SamplingConfig(temperature=temperature, top_k=top_k),
+        key=jax.random.key(0),
+        eos_token_id=None,
+    )
+    freq = np.bincount([o[0] for o in out], minlength=p.size) / n
+    assert set(np.flatnonzero(freq)) <= set(np.flatnonzero(p))
+    np.testing.assert_allclose(freq, p, atol=4 * np.sqrt(0.25 / n))  # 4 sigma at worst
+
+
+def test_a_bfloat16_cache_is_stored_in_bfloat16_and_decodes_the_same_tokens(model, greedy):
+    from meltemi.models import _generate
+
+    out = mm.generate(model, PROMPTS, max_new_tokens=6, eos_token_id=None, cache_dtype="bfloat16")
+    assert out == greedy
+    tokens = np.ones((4, 16), np.int32)
+    static = (_generate.GREEDY, 16, jnp.bfloat16, None)
+    args = (model, tokens, np.zeros(4, np.int32), np.int32(6), _generate._eos_ids(None))
+    hlo = _generate._compiled.lower(*args, jax.random.key(0), np.int32(0), static).as_text()
+    cfg = model.config
+    shape = f"tensor<4x{cfg.num_kv_heads}x32x{cfg.head_size}x"  # batch, kv heads, 16+16 slots
+    loop = next(line for line in hlo.splitlines() if "stablehlo.while" in line)
+    # The decoding loop carries k and v of every layer in bfloat16, and nothing in float32.
+    assert loop.count(f"{shape}bf16>") >= 2 * cfg.num_layers
+    assert f"{shape}f32>" not in loop
+
+
+def test_unknown_cache_dtype_names_the_choices():
+    model = T.random_model(mm.get_preset("tiny-llama"), seed=3)
+    with pytest.raises(mm.ConfigError, match="cache_dtype='float8'.*bfloat16"):
+        mm.generate(model, PROMPTS, max_new_tokens=2, cache_dtype="float8")

@@ -43,3 +43,16 @@ def test_text_prompt_without_a_tokenizer_is_refused(tmp_path, capsys):
     hf.save(T.random_model(cfg, seed=2), cfg, tmp_path)
     assert generate.main([f"--checkpoint={tmp_path}", "--prompt=hello"]) == 2
     assert "pass --prompt_ids" in capsys.readouterr().err
+
+
+def test_a_bfloat16_cache_and_an_eos_list_from_generation_config(tmp_path, capsys):
+    ckpt = _checkpoint(tmp_path)
+    gen = json.loads((ckpt / "generation_config.json").read_text())
+    (ckpt / "generation_config.json").write_text(json.dumps(gen | {"eos_token_id": [66, 65]}))
+    argv = [f"--checkpoint={ckpt}", "--prompt_ids=4,5", "--max_new_tokens=6"]
+    assert generate.main(argv) == 0
+    assert generate.main([*argv, "--cache_dtype=bfloat16"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines()]
+    assert lines[0]["completion_ids"] == lines[1]["completion_ids"]
+    out = lines[0]["completion_ids"]
+    assert not set(out[:-1]) & {65, 66} and (len(out) == 6 or out[-1] in (65, 66))

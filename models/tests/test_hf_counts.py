@@ -15,7 +15,7 @@ import meltemi.models as mm
 def test_eval_shape_param_count_matches_hugging_face(name):
     cfg = mm.get_preset(name)
     shapes = eqx.filter_eval_shape(mm.Transformer.init, cfg, key=jax.random.key(0))
-    hf_count = hf_harness.hf_param_count(cfg)
+    hf_count = hf_harness.hf_param_count(name)
     assert shapes.param_count == hf_count
     assert mm.param_count(cfg) == hf_count
 

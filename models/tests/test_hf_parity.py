@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from safetensors.numpy import load_file
+from hf_configs import reference_config
+from safetensors.numpy import load_file, save_file
 
 import meltemi.models as mm
 from meltemi.models import hf
@@ -48,7 +49,7 @@ def pair(request, tmp_path_factory):
     """(preset, HF model, its checkpoint dir, our model loaded from it)."""
     name = request.param
     cfg = mm.get_preset(name)
-    torch_model = H.random_hf_model(cfg)
+    torch_model = H.random_hf_model(name)
     directory = H.save_hf(torch_model, tmp_path_factory.mktemp(name))
     model, loaded_cfg = hf.load(directory)
     assert loaded_cfg == cfg
@@ -90,18 +91,36 @@ def test_round_trip_through_our_save_is_bit_exact(pair, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_config_json_round_trips_through_transformers(pair, tmp_path):
+def _config_differences(ours: dict, theirs: dict, ignore: tuple[str, ...] = ()) -> dict:
+    keys = (set(ours) | set(theirs)) - set(ignore)
+    missing = "<absent>"
+    return {
+        k: (ours.get(k, missing), theirs.get(k, missing))
+        for k in sorted(keys)
+        if ours.get(k, missing) != theirs.get(k, missing)
+    }
+
+
+def test_saved_config_equals_the_reference_config_on_every_key(pair, tmp_path):
     name, _, directory, model = pair
     hf.save(model, None, tmp_path)
     ours = transformers.AutoConfig.from_pretrained(tmp_path).to_dict()
+    # `directory` was written by transformers from the literal config of hf_configs.py.
     theirs = transformers.AutoConfig.from_pretrained(directory).to_dict()
-    for key in ("model_type", "vocab_size", "tie_word_embeddings", "rope_parameters"):
-        assert ours.get(key) == theirs.get(key), key
+    assert _config_differences(ours, theirs, ignore=("_name_or_path",)) == {}
+
+
+@pytest.mark.parametrize("name", mm.list_presets())
+def test_exported_config_equals_the_reference_config_on_every_key(name):
+    d = mm.to_hf_config(mm.get_preset(name))
+    ours = transformers.AutoConfig.for_model(d.pop("model_type"), **d).to_dict()
+    theirs = reference_config(name).to_dict()
+    # `dtype` is the stored tensors' (set by save); the references leave it unset.
+    assert _config_differences(ours, theirs, ignore=("dtype",)) == {}
 
 
 def test_greedy_generation_matches_transformers_generate(tmp_path):
-    cfg = mm.get_preset("tiny-llama")
-    torch_model = H.random_hf_model(cfg, seed=5)
+    torch_model = H.random_hf_model("tiny-llama", seed=5)
     model, _ = hf.load(H.save_hf(torch_model, tmp_path))
     prompt = [3, 17, 29, 4, 41]
     with torch.no_grad():
@@ -117,7 +136,7 @@ def test_greedy_generation_matches_transformers_generate(tmp_path):
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):
-    return H.save_hf(H.random_hf_model(mm.get_preset("tiny-llama")), tmp_path_factory.mktemp("l"))
+    return H.save_hf(H.random_hf_model("tiny-llama"), tmp_path_factory.mktemp("l"))
 
 
 def test_warm_start_llama_into_qwen3_sets_new_qk_norms_to_one(llama_dir):
@@ -143,7 +162,7 @@ def test_exact_load_across_architectures_names_the_missing_keys(llama_dir):
 
 
 def test_warm_start_lists_unexpected_keys(tmp_path):
-    qwen_dir = H.save_hf(H.random_hf_model(mm.get_preset("tiny-qwen3")), tmp_path)
+    qwen_dir = H.save_hf(H.random_hf_model("tiny-qwen3"), tmp_path)
     _, report = hf.warm_start(qwen_dir, mm.get_preset("tiny-llama"))
     assert len(report.unexpected) == 6 and all("_norm" in k for k in report.unexpected)
     assert "unexpected (not loaded)" in str(report)
@@ -186,14 +205,12 @@ def test_bfloat16_checkpoint_loads_in_transformers(llama_dir, tmp_path):
 
 
 def test_original_gpt2_layout_loads_and_reports_its_mask_buffers(tmp_path):
-    from meltemi.models._safetensors import write_file
-
     cfg = mm.get_preset("tiny-gpt2")
-    source = H.save_hf(H.random_hf_model(cfg), tmp_path / "hf")
+    source = H.save_hf(H.random_hf_model("tiny-gpt2"), tmp_path / "hf")
     tensors = {k.removeprefix("transformer."): v for k, v in _all_tensors(source).items()}
     tensors["h.0.attn.bias"] = np.tril(np.ones((1, 1, 64, 64), np.float32))  # old causal mask
     (tmp_path / "old").mkdir()
-    write_file(tmp_path / "old" / "model.safetensors", tensors)
+    save_file(tensors, tmp_path / "old" / "model.safetensors", metadata={"format": "pt"})
     (tmp_path / "old" / "config.json").write_text((source / "config.json").read_text())
     _, report = hf.warm_start(tmp_path / "old", cfg)
     assert report.exact and report.ignored == ("transformer.h.0.attn.bias",)  # normalised name

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import model_testing as T
 import numpy as np
+import pytest
 
 import meltemi.models as mm
 from meltemi.models import _moe_kernels as K
@@ -71,18 +72,81 @@ def test_uniform_routing_gives_load_balancing_loss_top_k():
     logits = jnp.zeros((S, E))
     experts = jnp.stack([jnp.arange(S) % E, (jnp.arange(S) + 1) % E], -1)[: (S // E) * E]
     logits = logits[: len(experts)]
-    lb, z = K.aux_losses(logits, jax.nn.softmax(logits), experts, None)
-    np.testing.assert_allclose(float(lb), TOPK, rtol=1e-6)
+    f, p, z = K.router_statistics(logits, jax.nn.softmax(logits), experts, None)
+    for scope in ("all_layers", "per_layer"):
+        lb = K.load_balancing_loss(f[None], p[None], scope=scope)
+        np.testing.assert_allclose(float(lb), TOPK, rtol=1e-6)
     np.testing.assert_allclose(float(z), np.log(E) ** 2, rtol=1e-6)
 
 
-def test_aux_losses_ignore_masked_tokens():
+def test_router_statistics_ignore_masked_tokens():
     flat = LOGITS.reshape(-1, E)
     probs, _, e = K.route(flat, TOPK, normalize=True)
     mask = jnp.arange(flat.shape[0]) < 10
-    masked = K.aux_losses(flat, probs, e, mask)
-    subset = K.aux_losses(flat[:10], probs[:10], e[:10], None)
-    np.testing.assert_allclose(np.asarray(masked), np.asarray(subset), rtol=1e-6)
+    masked = K.router_statistics(flat, probs, e, mask)
+    subset = K.router_statistics(flat[:10], probs[:10], e[:10], None)
+    for a, b in zip(masked, subset, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+
+
+def _layer_logits(num_layers=4, tokens=39, seed=7):
+    # Layers routed very differently (a per-layer bias), where pooling and averaging disagree.
+    rng = np.random.default_rng(seed)
+    bias = 2.0 * rng.standard_normal((num_layers, 1, E))
+    return (rng.standard_normal((num_layers, tokens, E)) + bias).astype(np.float32)
+
+
+def _ours(logits, mask, scope):
+    stats = [K.router_statistics(x, *K.route(x, TOPK, normalize=False)[::2], mask) for x in logits]
+    f, p = jnp.stack([s[0] for s in stats]), jnp.stack([s[1] for s in stats])
+    return float(K.load_balancing_loss(f, p, scope=scope))
+
+
+def test_load_balancing_loss_equals_transformers_load_balancing_loss_func():
+    import torch
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    logits = _layer_logits()
+    mask = np.arange(39) % 13 < 10  # (batch 3, seq 13) flattened, last 3 of each row padded
+    gate = tuple(torch.tensor(x) for x in logits)
+    for m in (None, mask):
+        theirs = float(
+            load_balancing_loss_func(
+                gate, E, TOPK, None if m is None else torch.tensor(m.reshape(3, 13), dtype=int)
+            )
+        )
+        assert _ours(jnp.asarray(logits), None if m is None else jnp.asarray(m), "all_layers") == (
+            pytest.approx(theirs, rel=1e-5)
+        )
+    # The mean of per-layer losses is a different objective on these inputs.
+    assert abs(_ours(jnp.asarray(logits), None, "per_layer") - theirs) > 0.05
+
+
+def test_model_load_balancing_metric_equals_transformers_aux_loss(tmp_path):
+    import hf_harness as H
+    import torch
+
+    from meltemi.models import hf
+
+    torch_model = H.random_hf_model("tiny-mixtral", seed=3)
+    model, _ = hf.load(H.save_hf(torch_model, tmp_path))
+    valid = np.arange(13) < np.array([[13], [10], [7]])  # right padding
+    with torch.no_grad():
+        out = torch_model(
+            torch.tensor(TOKENS, dtype=torch.long),
+            attention_mask=torch.tensor(valid, dtype=torch.long),
+            output_router_logits=True,
+        )
+    segments = np.where(valid, 0, -1).astype(np.int32)
+    _, metrics = eqx.filter_jit(lambda m, t, s: m.loss_and_metrics(t, segment_ids=s))(
+        model, TOKENS, segments
+    )
+    np.testing.assert_allclose(float(metrics["load_balancing"]), float(out.aux_loss), rtol=1e-5)
+
+
+def test_unknown_load_balancing_scope_is_rejected():
+    with pytest.raises(mm.ConfigError, match=r"load_balancing_scope='layer'.*all_layers"):
+        mm.MoeConfig(num_experts=5, top_k=2, expert_dim=4, load_balancing_scope="layer")
 
 
 TOKENS = np.random.default_rng(0).integers(0, 67, (3, 13)).astype(np.int32)

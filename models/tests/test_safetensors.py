@@ -1,14 +1,16 @@
-"""Our safetensors reader/writer against the reference `safetensors` library."""
+"""Checkpoint files: our streamed shards against the reference `safetensors` package."""
 
+import gc
 import json
+import weakref
 
-import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
 from meltemi.models import SafetensorsError
-from meltemi.models._safetensors import read_file, read_sharded, write_file, write_sharded
+from meltemi.models._safetensors import Checkpoint, PendingTensor, read_all, write_sharded
 
 RNG = np.random.default_rng(0)
 TENSORS = {
@@ -16,56 +18,84 @@ TENSORS = {
     "b.bias": RNG.standard_normal(7).astype(np.float16),
     "c.ids": RNG.integers(0, 9, (2, 3)).astype(np.int64),
     "d.empty": np.zeros((0, 4), np.float32),
+    "e.bf16": (RNG.standard_normal((5, 3)) * 100).astype(ml_dtypes.bfloat16),
+    "f.u16": RNG.integers(0, 60_000, (4,)).astype(np.uint16),
 }
 
 
-def test_reference_library_reads_our_file(tmp_path):
-    write_file(tmp_path / "x.safetensors", TENSORS, {"format": "pt"})
-    back = load_file(tmp_path / "x.safetensors")
-    for k, v in TENSORS.items():
-        np.testing.assert_array_equal(back[k], v)
+def _pending(tensors):
+    return [PendingTensor(k, v.shape, v.dtype, lambda v=v: v.copy()) for k, v in tensors.items()]
 
 
-def test_we_read_the_reference_librarys_file(tmp_path):
-    save_file(TENSORS, tmp_path / "y.safetensors")
-    back = read_file(tmp_path / "y.safetensors")
-    for k, v in TENSORS.items():
-        assert back[k].dtype == v.dtype
-        np.testing.assert_array_equal(back[k], v)
-
-
-def test_bfloat16_round_trips_bit_exactly(tmp_path):
-    x = (RNG.standard_normal((5, 3)) * 100).astype(jnp.bfloat16)
-    write_file(tmp_path / "z.safetensors", {"x": x})
-    back = read_file(tmp_path / "z.safetensors")["x"]
-    assert back.dtype == jnp.bfloat16
-    np.testing.assert_array_equal(back.view(np.uint16), x.view(np.uint16))
-
-
-def test_sharded_write_splits_by_size_and_indexes_every_tensor(tmp_path):
-    names = write_sharded(tmp_path, TENSORS, max_shard_bytes=64)
+def test_reference_library_reads_our_shards_bit_exactly(tmp_path):
+    names = write_sharded(tmp_path, _pending(TENSORS), max_shard_bytes=64)
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"]) == set(TENSORS)
     assert sorted(set(index["weight_map"].values())) == names and len(names) > 1
     assert index["metadata"]["total_size"] == sum(v.nbytes for v in TENSORS.values())
-    back = read_sharded(tmp_path)
+    back = {}
+    for name in names:
+        back.update(load_file(tmp_path / name))
     for k, v in TENSORS.items():
-        np.testing.assert_array_equal(back[k], v)
+        assert back[k].dtype == v.dtype, k
+        np.testing.assert_array_equal(back[k].view(np.uint8), v.view(np.uint8), err_msg=k)
+
+
+def test_we_read_slices_of_the_reference_librarys_file(tmp_path):
+    save_file(TENSORS, tmp_path / "model.safetensors")
+    ckpt = Checkpoint(tmp_path)
+    assert ckpt.tensors["e.bf16"].dtype == np.dtype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(
+        ckpt.read("a.weight", (slice(1, 3), slice(2, 5))), TENSORS["a.weight"][1:3, 2:5]
+    )
+    for k, v in read_all(tmp_path).items():
+        np.testing.assert_array_equal(v.view(np.uint8), TENSORS[k].view(np.uint8), err_msg=k)
+
+
+def test_writing_holds_one_produced_tensor_at_a_time(tmp_path):
+    alive, peak = set(), [0]
+
+    def producer(i):
+        def produce():
+            array = np.full((64, 64), i, np.float32)
+            alive.add(i)
+            peak[0] = max(peak[0], len(alive))
+            weakref.finalize(array, alive.discard, i)
+            return array
+
+        return produce
+
+    tensors = [
+        PendingTensor(f"t{i}", (64, 64), np.dtype(np.float32), producer(i)) for i in range(6)
+    ]
+    write_sharded(tmp_path, tensors, max_shard_bytes=3 * 64 * 64 * 4)
+    gc.collect()
+    assert peak[0] == 1 and not alive
+    assert float(read_all(tmp_path)["t5"][0, 0]) == 5.0
 
 
 def test_missing_shard_is_named(tmp_path):
-    names = write_sharded(tmp_path, TENSORS, max_shard_bytes=64)
+    names = write_sharded(tmp_path, _pending(TENSORS), max_shard_bytes=64)
     (tmp_path / names[-1]).unlink()
     with pytest.raises(SafetensorsError, match=f"shard files \\['{names[-1]}'\\] are missing"):
-        read_sharded(tmp_path)
+        Checkpoint(tmp_path)
 
 
-def test_truncated_header_is_an_error(tmp_path):
-    (tmp_path / "bad.safetensors").write_bytes(b"\xff" * 8 + b"{}")
-    with pytest.raises(SafetensorsError, match="exceeds the file size"):
-        read_file(tmp_path / "bad.safetensors")
+def test_corrupt_file_is_an_error_naming_it(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"\xff" * 8 + b"{}")
+    with pytest.raises(SafetensorsError, match=r"model.safetensors: not a readable safetensors"):
+        Checkpoint(tmp_path)
+
+
+def test_unsupported_dtype_names_the_tensor_and_the_fix(tmp_path):
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file as save_torch
+
+    save_torch({"w8": torch.ones(3).to(torch.float8_e4m3fn)}, tmp_path / "model.safetensors")
+    with pytest.raises(SafetensorsError, match=r"tensor 'w8' has dtype F8_E4M3.*convert"):
+        Checkpoint(tmp_path)
 
 
 def test_directory_without_weights_is_an_error(tmp_path):
     with pytest.raises(SafetensorsError, match="neither model.safetensors.index.json"):
-        read_sharded(tmp_path)
+        Checkpoint(tmp_path)

@@ -1,4 +1,11 @@
-"""Expert parallelism by the mapping alone, on 8 fake CPU devices."""
+"""Expert-sharded weights with the batch split over `data` only, on 8 fake CPU devices.
+
+What these tests prove: `{"experts": "expert"}` stores each expert's weights on its own
+devices, the forward pass is exact, and no expert weight is ever all-gathered. With the batch
+*not* split over the expert axis, the all-to-all dispatch cannot run (it warns) and the
+compiler moves the tokens with gathers and reductions instead; token-level expert parallelism
+(all-to-all) is tested in `test_moe_ep.py`.
+"""
 
 import os
 
@@ -31,7 +38,7 @@ def mesh():
 
 
 @pytest.mark.parametrize("dispatch", ["capacity", "dropless"])
-def test_expert_sharded_model_gives_the_unsharded_logits(mesh, dispatch):
+def test_expert_sharded_weights_give_the_unsharded_logits(mesh, dispatch):
     model = T.random_model(_config(dispatch), seed=6)
     expected = np.asarray(eqx.filter_jit(lambda m, t: m(t).array)(model, TOKENS))
     sharded = hax.shard(model, MAPPING, mesh)

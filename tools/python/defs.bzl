@@ -71,7 +71,7 @@ def meltemi_library_checks(name, lib, meltemi_deps = []):
     )
     native.py_test(
         name = "doctest",
-        size = "small",
+        size = "medium",
         srcs = ["//tools/python:doctest_main.py"],
         main = "//tools/python:doctest_main.py",
         args = ["meltemi." + lib],

@@ -119,3 +119,40 @@ def test_learning_rate_metric_is_the_lr_applied():
     schedule = optim.linear_schedule(1.0, 10)
     _, state = _run(optim.adamw(schedule), steps=3)
     assert float(optim.metrics(state)["learning_rate"]) == pytest.approx(float(schedule(2)))
+
+
+def _decay_factors(adamc_mask, schedule, t_end):
+    """Per-parameter multiplier `new / old` of a pure-decay step (zero gradients) at `t_end`."""
+    kwargs = {} if adamc_mask is None else {"adamc_mask": adamc_mask}
+    tx = optim.adamw(schedule, weight_decay=0.3, mask=(), adamc="always", **kwargs)
+    params = {"lm_head": jnp.full((3, 11), 2.0), "layers": {"w": jnp.full((3, 5), 2.0)}}
+    state = tx.init(params)
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    for _ in range(t_end + 1):  # params held fixed: the last update is step t_end's decay
+        updates, state = tx.update(zeros, state, params)
+    new = optax.apply_updates(params, updates)
+    return {"lm_head": float(new["lm_head"][0, 0]), "layers": float(new["layers"]["w"][0, 0])}
+
+
+def test_adamc_corrects_hidden_layers_but_not_the_output_head_by_default():
+    # Defazio 2025 (arXiv:2506.02285): the correction is for hidden layers followed by a norm.
+    schedule = optim.wsd_schedule(0.5, 20, warmup=4, decay=8, shape="linear")
+    t = 15
+    lr = float(schedule(t))
+    new = _decay_factors(None, schedule, t)
+    assert new["layers"] / 2.0 == pytest.approx(1.0 - 0.3 * lr * lr / 0.5, rel=1e-6)
+    assert new["lm_head"] / 2.0 == pytest.approx(1.0 - 0.3 * lr, rel=1e-6)  # plain AdamW
+
+
+def test_adamc_mask_can_include_the_output_head():
+    schedule = optim.wsd_schedule(0.5, 20, warmup=4, decay=8, shape="linear")
+    t = 15
+    lr = float(schedule(t))
+    new = _decay_factors((), schedule, t)  # exclude nothing
+    assert new["lm_head"] / 2.0 == pytest.approx(1.0 - 0.3 * lr * lr / 0.5, rel=1e-6)
+
+
+def test_a_mask_given_as_a_plain_string_is_an_error():
+    with pytest.raises(optim.OptimizerConfigError, match=r"mask='norm' is a string.*\('norm',\)"):
+        tx = optim.adamw(1e-3, weight_decay=0.1, mask="norm")
+        tx.update(_params(), tx.init(_params()), _params())

@@ -25,7 +25,7 @@ def test_clip_by_global_norm_matches_optax_and_records_the_norm():
     for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(ref), strict=True):
         np.testing.assert_array_equal(a, b)
     m = optim.metrics(state)
-    assert float(m["grad_norm"]) == pytest.approx(_norm(g), rel=1e-6)
+    assert float(m["grad_clip_norm"]) == pytest.approx(_norm(g), rel=1e-6)
     assert float(m["grad_clip_threshold"]) == 2.5 and float(m["grad_clipped"]) == 1.0
 
 
@@ -68,7 +68,7 @@ def test_update_clipping_records_the_unclipped_norm():
         _, state = tx.update({"w": jnp.array([n])}, state)
     assert bool(state.clipped)
     np.testing.assert_array_equal(state.history.values[:3], [1.0, 1.0, 9.0])
-    assert float(optim.metrics(state)["update_norm"]) == 9.0
+    assert float(optim.metrics(state)["update_clip_norm"]) == 9.0
 
 
 def test_update_clipping_leaves_small_updates_untouched():
@@ -91,11 +91,14 @@ def test_update_clipping_does_not_record_a_nan_norm():
 def test_update_clipping_window_keeps_only_the_latest_norms():
     tx = optim.clip_update_norm(window=2, sigma=0.0, warmup=2)
     state = tx.init(None)
-    for n in (100.0, 1.0, 3.0):  # 100 falls out of the window before the third step's check
+    norms = [100.0, 1.0, 3.0, 5.0]
+    for i, n in enumerate(norms):
         u, state = tx.update({"w": jnp.array([n])}, state)
-    assert float(state.threshold) == pytest.approx(50.5)
-    u, state = tx.update({"w": jnp.array([5.0])}, state)
-    assert float(state.threshold) == pytest.approx(2.0) and float(u["w"][0]) == pytest.approx(2.0)
+        if i >= 2:  # checked against the window of the two norms before it (sigma 0: the mean)
+            assert float(state.threshold) == pytest.approx(np.mean(norms[i - 2 : i]))
+    # The third norm (3) was checked against (100, 1): 50.5. By the fourth, 100 has left the
+    # window, so 5 is checked against (1, 3) and clipped to their mean.
+    assert float(u["w"][0]) == pytest.approx(2.0) and bool(state.clipped)
 
 
 def test_update_clipping_rejects_a_window_of_one():

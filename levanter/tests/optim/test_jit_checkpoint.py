@@ -1,4 +1,8 @@
-"""Every transform jits without recompiling and checkpoints/restores bit for bit."""
+"""Every transform jits without recompiling, donates, and checkpoints/restores bit for bit.
+
+The restore goes through the trainer's `Checkpointer` (orbax, on disk), and the restored state
+must drive the next step to the same bits as the live one.
+"""
 
 import jax
 import jax.numpy as jnp
@@ -7,6 +11,7 @@ import optax
 import pytest
 
 from meltemi.levanter import optim
+from meltemi.levanter.checkpoint import Checkpointer
 
 try:
     import meltemi.haliax as hax
@@ -46,10 +51,17 @@ TRANSFORMS = {
     "clip_by_global_norm": lambda: optim.clip_by_global_norm(optim.step_schedule([(0, 1.0)])),
     "clip_update_norm": lambda: optim.clip_update_norm(window=4, sigma=2.0, warmup=2),
     "skip_step": lambda: optim.skip_step(optim.adamw(1e-2), window=4, warmup=2),
-    "muon": lambda: optim.muon(SCHEDULE, weight_decay=0.1, adamc="always"),
+    "muon": lambda: optim.muon(
+        SCHEDULE, adam_learning_rate=1e-3, weight_decay=0.1, adamc="always", mu_dtype="bfloat16"
+    ),
     "ema": lambda: optax.chain(optax.sgd(1e-2), optim.ema_params(0.995)),
     "marin_config": lambda: optim.build_optimizer(MARIN)[0],
-    "muon_config": lambda: optim.build_optimizer({**MARIN, "name": "muon"})[0],
+    "muon_config": lambda: optim.build_optimizer(
+        {**MARIN, "name": "muon", "adam_learning_rate": 1e-3}
+    )[0],
+    "mu_dtype_multipliers_config": lambda: optim.build_optimizer(
+        {**MARIN, "mu_dtype": "bfloat16", "lr_multipliers": [["w_out", 0.5]]}
+    )[0],
 }
 
 
@@ -73,26 +85,45 @@ def _assert_bit_identical(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-def _to_numpy_and_back(state):
-    leaves, treedef = jax.tree.flatten(state)
-    saved = [np.array(x) for x in leaves]  # what a checkpoint writes
-    return jax.tree.unflatten(treedef, [jnp.asarray(x) for x in saved])
+def _save_and_restore(tmp_path, state):
+    ckpt = Checkpointer(tmp_path / "ckpt")  # verify="checksums": every state dtype checked
+    ckpt.save(3, state, config_json="{}")
+    ckpt.wait()
+    zeros = jax.tree.map(jnp.zeros_like, state)  # a template holding none of the values
+    step, restored = ckpt.restore(zeros)
+    ckpt.close()
+    assert step == 3
+    return restored
 
 
 @pytest.mark.parametrize("name", sorted(TRANSFORMS))
-def test_jits_once_and_restores_bit_identically(name):
+def test_jits_once_and_restores_bit_identically(name, tmp_path):
     tx, step = _make_step(TRANSFORMS[name]())
-    params = _params()
-    state = tx.init(params)
+    # Committed to a device, as the trainer's state is (and as restored arrays are).
+    params = jax.device_put(_params(), jax.devices()[0])
+    state = jax.device_put(tx.init(params), jax.devices()[0])
     for t in range(3):
         params, state = step(params, state, _grads(t), jnp.float32(2.0 + 0.01 * t))
     assert step._cache_size() == 1, "the second and later steps recompiled"
-    restored = _to_numpy_and_back(state)
+    restored = _save_and_restore(tmp_path, state)
     _assert_bit_identical(restored, state)
     p1, s1 = step(params, state, _grads(3), jnp.float32(2.0))
     p2, s2 = step(params, restored, _grads(3), jnp.float32(2.0))
     _assert_bit_identical((p1, s1), (p2, s2))
     assert step._cache_size() == 1
+
+
+@pytest.mark.parametrize("name", sorted(TRANSFORMS))
+def test_initial_state_can_be_donated(name):
+    # Two state fields sharing one buffer make a donated jit call fail ("donate the same
+    # buffer twice"), as the trainer's step donates the whole state.
+    tx = optax.with_extra_args_support(TRANSFORMS[name]())
+    state = tx.init(_params())
+    leaves = [x for x in jax.tree.leaves(state) if isinstance(x, jax.Array)]
+    assert len({id(x) for x in leaves}) == len(leaves)
+    assert len({x.unsafe_buffer_pointer() for x in leaves if x.size}) == len(
+        [x for x in leaves if x.size]
+    )
 
 
 def test_orbax_round_trip_of_the_full_chain_is_bit_identical(tmp_path):

@@ -166,8 +166,8 @@ def _read_guarded(source: Source, f: str, counts, problems, examples) -> Iterato
     except SourceError:
         raise  # misconfiguration (a missing column, a missing package): fix and rerun
     except Exception as e:  # keep what was read before the damage; count the file
-        counts["unreadable_files"] += 1
-        _note(problems, examples, "unreadable_files", f"{f}: unreadable ({type(e).__name__}: {e})")
+        counts["truncated_file"] += 1
+        _note(problems, examples, "truncated_file", f"{f}: unreadable ({type(e).__name__}: {e})")
 
 
 def _build_shard(task: _ShardTask) -> dict:

@@ -50,6 +50,24 @@ class CleanPolicy:
                 raise ValueError(f"CleanPolicy({name}={value!r}): need an int >= 1")
 
 
+def _may_have_long_run(text: str, max_run: int) -> bool:
+    """False only if `text` has no run longer than `max_run` (of one character, or of
+    whitespace); a cheap check, so that ordinary text never reaches numpy.
+
+    With stride `s = max(1, max_run // 2)`, a run of at least `2s + 1` characters covers
+    some whole window `[k s, k s + s]`, so it suffices to look at the windows whose two ends
+    agree (`len(text) / s` comparisons) and test those windows whole.
+    """
+    s = max(1, max_run // 2)
+    for a in range(0, len(text) - s, s):
+        x, y = text[a], text[a + s]
+        if x == y or (x.isspace() and y.isspace()):
+            window = text[a : a + s + 1]
+            if window.isspace() or window.count(x) == len(window):
+                return True
+    return False
+
+
 def truncate_runs(text: str, max_run: int) -> tuple[str, bool]:
     """Cuts every run of one character (or of whitespace) longer than `max_run` to `max_run`.
 
@@ -60,7 +78,7 @@ def truncate_runs(text: str, max_run: int) -> tuple[str, bool]:
     >>> truncate_runs("abc", 3)
     ('abc', False)
     """
-    if len(text) <= max_run:
+    if len(text) <= max_run or not _may_have_long_run(text, max_run):
         return text, False
     ascii_only = text.isascii()
     if ascii_only:

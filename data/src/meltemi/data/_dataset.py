@@ -22,7 +22,32 @@ from meltemi.data._packing import pack_ffd, pack_next_fit, padding_fraction
 from meltemi.data._store import TokenStore
 from meltemi.data.permutation import FeistelPermutation, derive_seed
 
-__all__ = ["PackedDataset", "Piece", "batch_rows"]
+__all__ = ["PACKINGS", "PackedDataset", "Piece", "batch_rows", "packing_options"]
+
+PACKINGS = ("stream", "whole_documents")
+
+
+def packing_options(packing: str, *, field: str = "data.packing") -> dict:
+    """`PackedDataset` keyword arguments of a packing name (a trainer's `data.packing`).
+
+    `"stream"` concatenates documents and cuts every `seq_len` tokens (no padding);
+    `"whole_documents"` never lets a document shorter than `seq_len` straddle two rows (longer
+    ones are cut at `seq_len` boundaries) and packs first-fit-decreasing within windows of
+    documents, padding the rest (`PackedDataset.padding_fraction` reports how much).
+
+    >>> packing_options("whole_documents")
+    {'mode': 'document', 'packing': 'ffd'}
+
+    Raises:
+        ValueError: an unknown name; the message names `field`.
+    """
+    if packing == "stream":
+        return {"mode": "stream"}
+    if packing == "whole_documents":
+        return {"mode": "document", "packing": "ffd"}
+    raise ValueError(
+        f"{field}={packing!r}: use one of {list(PACKINGS)}, e.g. {field}='whole_documents'"
+    )
 
 
 class Piece(NamedTuple):

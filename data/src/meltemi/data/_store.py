@@ -35,6 +35,10 @@ _INDEX_COST = 200e-6
 _INDEX_TOKEN_COST = 150e-9
 
 
+# Build counts of documents that were kept, changed (the others were skipped).
+ALTERED = frozenset({"invalid_utf8_replaced", "truncated_runs", "truncated_long"})
+
+
 class StoreError(RuntimeError):
     """A store is missing, incomplete, or does not match what the caller asked for."""
 
@@ -223,6 +227,33 @@ class TokenStore:
     def skipped(self) -> dict[str, int]:
         """Documents skipped or altered at build time, by reason (summed over sources)."""
         return dict(self.metadata["skipped"])
+
+    def skipped_summary(self) -> str | None:
+        """One line on what the build skipped or altered, or None when it did neither.
+
+        What a trainer prints after opening its store, e.g. `data: /tmp/s skipped 3 inputs
+        (malformed_json 2, truncated_file 1; e.g. a.jsonl:31: malformed JSON ...); altered 1
+        (invalid_utf8_replaced 1); 120 documents kept; details in /tmp/s/meta.json`.
+        """
+        counts = self.skipped
+        if not any(counts.values()):
+            return None
+        altered = {k: v for k, v in counts.items() if k in ALTERED and v}
+        skipped = {k: v for k, v in counts.items() if k not in ALTERED and v}
+        parts = []
+        if skipped:
+            reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(skipped.items()))
+            examples = self.metadata.get("examples", {})
+            first = next((examples[k][0] for k in sorted(skipped) if examples.get(k)), None)
+            example = f"; e.g. {first}" if first else ""
+            parts.append(f"skipped {sum(skipped.values()):,} inputs ({reasons}{example})")
+        if altered:
+            reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(altered.items()))
+            parts.append(f"altered {sum(altered.values()):,} documents ({reasons})")
+        return (
+            f"data: {self.path} {'; '.join(parts)}; {self.num_documents:,} documents kept; "
+            f"details in {self.path}/meta.json"
+        )
 
     def _check_doc(self, document: int) -> int:
         document = int(document)

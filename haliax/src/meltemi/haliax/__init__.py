@@ -13,8 +13,25 @@ Array([5., 5., 5.], dtype=float32)
 '0.1.0'
 """
 
-from meltemi.haliax import _methods as _methods  # installs NamedArray operators and methods
-from meltemi.haliax import nn, partitioning, random, state_dict
+from meltemi.haliax import (
+    debug,
+    nn,
+    partitioning,
+    quantization,
+    random,
+    state_dict,
+    tree_util,
+    util,
+)
+from meltemi.haliax._axis_specs import (
+    concat_axis_specs,
+    eliminate_axes,
+    make_axes,
+    replace_axis,
+    resolve_axis,
+)
+from meltemi.haliax._bitwise import *  # noqa: F403 - bitwise ops (see _bitwise.__all__)
+from meltemi.haliax._bitwise import __all__ as _bitwise_all
 from meltemi.haliax._core import (
     Axis,
     AxisError,
@@ -25,6 +42,7 @@ from meltemi.haliax._core import (
     AxisSpec,
     DuplicateAxisError,
     NamedArray,
+    are_shape_checks_enabled,
     axis_name,
     axis_size,
     broadcast_arrays,
@@ -32,6 +50,7 @@ from meltemi.haliax._core import (
     broadcast_to,
     check_axes_match,
     concat_axes,
+    enable_shape_checks,
     flatten_axes,
     is_named_array,
     named,
@@ -43,28 +62,39 @@ from meltemi.haliax._core import (
     without_axes,
 )
 from meltemi.haliax._dot import dot, einsum
+from meltemi.haliax._fft import *  # noqa: F403 - fft, ifft, rfft, ... (see _fft.__all__)
+from meltemi.haliax._fft import __all__ as _fft_all
+from meltemi.haliax._field import field
 from meltemi.haliax._hof import fold, map, scan, vmap
-from meltemi.haliax._indexing import ds, dslice, index, take, updated_slice
-from meltemi.haliax._indexing import slice as slice  # noqa: A004
+from meltemi.haliax._indexing import dblock, ds, dslice, index, take, updated_slice
+from meltemi.haliax._indexing import slice as slice
 from meltemi.haliax._ops import *  # noqa: F403 - the elementwise ops (see _ops.__all__)
 from meltemi.haliax._ops import __all__ as _ops_all
-from meltemi.haliax._reductions import (
-    all,
-    any,
-    argmax,
-    argmin,
-    count_nonzero,
-    logsumexp,
-    max,
-    mean,
-    min,
-    prod,
-    std,
-    sum,
-    var,
+from meltemi.haliax._poly import *  # noqa: F403 - poly, polyadd, ... (see _poly.__all__)
+from meltemi.haliax._poly import __all__ as _poly_all
+from meltemi.haliax._reductions import *  # noqa: F403 - sum, mean, nansum, ... (see __all__)
+from meltemi.haliax._reductions import __all__ as _reductions_all
+from meltemi.haliax._ref import NamedRef, freeze, get, new_ref, swap
+from meltemi.haliax._remat import ScanCheckpointPolicy, tree_checkpoint_name
+from meltemi.haliax._setops import *  # noqa: F403 - unique, bincount, ... (see _setops.__all__)
+from meltemi.haliax._setops import __all__ as _setops_all
+from meltemi.haliax._typing import (
+    Named,
+    NamedArrayAxes,
+    NamedArrayAxesSpec,
+    ReductionFunction,
+    SimpleReductionFunction,
 )
-from meltemi.haliax._remat import ScanCheckpointPolicy
-from meltemi.haliax.partitioning import axis_mapping, named_jit, shard
+from meltemi.haliax.partitioning import (
+    auto_sharded,
+    axis_mapping,
+    fsdp,
+    named_jit,
+    set_mesh,
+    shard,
+    shard_map,
+    shard_with_axis_mapping,
+)
 
 __version__ = "0.1.0"
 
@@ -78,12 +108,16 @@ __all__ = [
     "AxisSizeMismatchError",
     "AxisSpec",
     "DuplicateAxisError",
+    "Named",
     "NamedArray",
+    "NamedArrayAxes",
+    "NamedArrayAxesSpec",
+    "NamedRef",
+    "ReductionFunction",
     "ScanCheckpointPolicy",
-    "all",
-    "any",
-    "argmax",
-    "argmin",
+    "SimpleReductionFunction",
+    "are_shape_checks_enabled",
+    "auto_sharded",
     "axis_mapping",
     "axis_name",
     "axis_size",
@@ -92,41 +126,58 @@ __all__ = [
     "broadcast_to",
     "check_axes_match",
     "concat_axes",
-    "count_nonzero",
+    "concat_axis_specs",
+    "dblock",
+    "debug",
     "dot",
     "ds",
     "dslice",
     "einsum",
+    "eliminate_axes",
+    "enable_shape_checks",
+    "field",
     "flatten_axes",
     "fold",
+    "fsdp",
+    "freeze",
+    "get",
     "index",
     "is_named_array",
-    "logsumexp",
+    "make_axes",
     "map",
-    "max",
-    "mean",
-    "min",
     "named",
     "named_jit",
+    "new_ref",
     "nn",
     "partitioning",
-    "prod",
+    "quantization",
     "random",
     "rearrange",
     "rename",
+    "replace_axis",
+    "resolve_axis",
     "scan",
     "selects_axis",
+    "set_mesh",
     "shard",
+    "shard_map",
+    "shard_with_axis_mapping",
     "slice",
     "split",
     "state_dict",
-    "std",
-    "sum",
+    "swap",
     "take",
+    "tree_checkpoint_name",
+    "tree_util",
     "unflatten_axis",
     "updated_slice",
-    "var",
+    "util",
     "vmap",
     "without_axes",
+    *_bitwise_all,
+    *_fft_all,
     *_ops_all,
+    *_poly_all,
+    *_reductions_all,
+    *_setops_all,
 ]

@@ -12,14 +12,37 @@
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any, TypeAlias
+import typing
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+import meltemi.haliax as _hax  # the methods that live in other modules use it at call time
+from meltemi.haliax._axis import (
+    Axis,
+    AxisError,
+    AxisNotFoundError,
+    AxisSelection,
+    AxisSelector,
+    AxisSizeMismatchError,
+    AxisSpec,
+    DuplicateAxisError,
+    _as_tuple,
+    _check_unique,
+    _fmt_axes,
+    axis_name,
+    axis_size,
+    check_axes_match,
+    concat_axes,
+    selects_axis,
+    without_axes,
+)
+from meltemi.haliax._typing import parse_axes_spec
 
 __all__ = [
     "Axis",
@@ -47,141 +70,28 @@ __all__ = [
     "split",
     "is_named_array",
     "check_axes_match",
+    "enable_shape_checks",
+    "are_shape_checks_enabled",
 ]
 
-
-@dataclasses.dataclass(frozen=True)
-class Axis:
-    """A named dimension with a size: `Axis("embed", 4096)`.
-
-    >>> Axis("pos", 13).resize(7)
-    Axis(name='pos', size=7)
-    """
-
-    name: str
-    size: int
-
-    def __post_init__(self):
-        if not isinstance(self.name, str):
-            raise TypeError(f"Axis name must be a str, got {self.name!r}; e.g. Axis('embed', 8)")
-        if not isinstance(self.size, int | np.integer) or isinstance(self.size, bool):
-            raise TypeError(
-                f"Axis {self.name!r}: size must be an int, got {self.size!r} "
-                f"(type {type(self.size).__name__}); e.g. Axis({self.name!r}, 8)"
-            )
-        if self.size < 0:
-            raise ValueError(f"Axis {self.name!r}: size must be >= 0, got {self.size}")
-        object.__setattr__(self, "size", int(self.size))
-
-    def alias(self, new_name: str) -> Axis:
-        """The same size under another name."""
-        return Axis(new_name, self.size)
-
-    def resize(self, size: int) -> Axis:
-        """The same name with another size."""
-        return Axis(self.name, size)
+_SHAPE_CHECKS = True
 
 
-AxisSelector: TypeAlias = Axis | str
-"""An axis given by value or by name."""
-AxisSpec: TypeAlias = Axis | Sequence[Axis]
-"""One or more axes with sizes."""
-AxisSelection: TypeAlias = AxisSelector | Sequence[AxisSelector]
-"""One or more axes, given by value or by name."""
+@contextlib.contextmanager
+def enable_shape_checks(enabled: bool) -> Iterator[bool]:
+    """Within the block, `NamedArray(array, axes)` checks (or, False, skips checking) that the
+    array's shape matches the axes; yields the previous setting."""
+    global _SHAPE_CHECKS
+    old, _SHAPE_CHECKS = _SHAPE_CHECKS, enabled
+    try:
+        yield old
+    finally:
+        _SHAPE_CHECKS = old
 
 
-class AxisError(ValueError):
-    """Base class for errors about axes (a ValueError)."""
-
-
-class AxisNotFoundError(AxisError, KeyError):
-    """An axis was asked for that the array does not have."""
-
-    def __str__(self):  # KeyError would quote the message
-        return str(self.args[0])
-
-
-class AxisSizeMismatchError(AxisError):
-    """Two axes with one name have different sizes."""
-
-
-class DuplicateAxisError(AxisError):
-    """An axis name occurs twice where names must be unique."""
-
-
-def axis_name(ax: AxisSelection) -> str | tuple[str, ...]:
-    """The name(s) of an axis selection: `axis_name(Axis("a", 2)) == "a"`."""
-    if isinstance(ax, Axis):
-        return ax.name
-    if isinstance(ax, str):
-        return ax
-    return tuple(axis_name(a) for a in ax)  # type: ignore[misc]
-
-
-def _as_tuple(axes: AxisSelection) -> tuple[AxisSelector, ...]:
-    if isinstance(axes, Axis | str):
-        return (axes,)
-    return tuple(axes)
-
-
-def _fmt_axes(axes: Sequence[Axis]) -> str:
-    return "(" + ", ".join(f"{a.name}={a.size}" for a in axes) + ")"
-
-
-def _check_unique(names: Sequence[str], where: str) -> None:
-    seen = set()
-    for n in names:
-        if n in seen:
-            raise DuplicateAxisError(
-                f"duplicate axis name {n!r} in {where}: {list(names)}; every axis of an array "
-                f"needs its own name (rename one, e.g. Axis({n + '_2'!r}, size))"
-            )
-        seen.add(n)
-
-
-def axis_size(ax: AxisSpec) -> int:
-    """The product of the sizes of one or more axes."""
-    if isinstance(ax, Axis):
-        return ax.size
-    return math.prod(a.size for a in ax)
-
-
-def selects_axis(selection: AxisSelection, selector: AxisSelector) -> bool:
-    """Whether `selector` (by name, and size when given) is part of `selection`."""
-    name = axis_name(selector)
-    for a in _as_tuple(selection):
-        if axis_name(a) == name:
-            if isinstance(a, Axis) and isinstance(selector, Axis) and a.size != selector.size:
-                return False
-            return True
-    return False
-
-
-def check_axes_match(a: Axis, b: Axis, context: str = "") -> None:
-    """Raises AxisSizeMismatchError if `a` and `b` share a name but not a size."""
-    if a.name == b.name and a.size != b.size:
-        where = f" in {context}" if context else ""
-        raise AxisSizeMismatchError(
-            f"axis {a.name!r} has size {a.size} in one array and {b.size} in the other{where}; "
-            f"axes with one name must have one size (slice or rename one of them)"
-        )
-
-
-def concat_axes(a: AxisSpec, b: AxisSpec) -> tuple[Axis, ...]:
-    """`a + b` as tuples of axes; a name in both raises DuplicateAxisError."""
-    out = tuple(_as_tuple(a)) + tuple(_as_tuple(b))
-    _check_unique([x.name for x in out], "concat_axes")  # type: ignore[union-attr]
-    return out  # type: ignore[return-value]
-
-
-def without_axes(axes: Sequence[Axis], to_remove: AxisSelection) -> tuple[Axis, ...]:
-    """`axes` minus the named ones (names not present are ignored)."""
-    names = set(axis_name(a) for a in _as_tuple(to_remove))
-    return tuple(a for a in axes if a.name not in names)
-
-
-def _to_jax_leaf(x):
-    return x
+def are_shape_checks_enabled() -> bool:
+    """Whether NamedArray checks shapes against axes (see `enable_shape_checks`)."""
+    return _SHAPE_CHECKS
 
 
 @jax.tree_util.register_pytree_node_class
@@ -206,7 +116,7 @@ class NamedArray:
     def __init__(self, array: Any, axes: Sequence[Axis]):
         axes = tuple(axes)
         shape = getattr(array, "shape", None)
-        if shape is not None and isinstance(shape, tuple):
+        if _SHAPE_CHECKS and shape is not None and isinstance(shape, tuple):
             if len(shape) != len(axes) or any(s != a.size for s, a in zip(shape, axes)):
                 raise AxisSizeMismatchError(
                     f"array of shape {tuple(shape)} does not match axes {_fmt_axes(axes)}; "
@@ -218,6 +128,14 @@ class NamedArray:
 
     def __setattr__(self, key, value):
         raise AttributeError("NamedArray is immutable; use .at[...] or hax ops to make a new one")
+
+    def __class_getitem__(cls, spec: Any) -> Any:
+        """`NamedArray["batch ... embed"]`: an annotation naming the axes (see `_typing`)."""
+        return typing.Annotated[cls, parse_axes_spec(spec)]
+
+    def matches_axes(self, spec: Any) -> bool:
+        """Whether this array fits an axes annotation (`NamedArray["a ... b"]` or its spec)."""
+        return parse_axes_spec(spec).matches([a.name for a in self.axes], self.dtype)
 
     # pytree
     def tree_flatten(self):
@@ -349,8 +267,247 @@ class NamedArray:
         return NamedArray(self.array.astype(dtype), self.axes)
 
     @property
-    def T(self) -> NamedArray:  # noqa: N802
+    def T(self) -> NamedArray:
         return NamedArray(self.array.T, self.axes[::-1])
+
+    # --- operators: operands are aligned by axis name (`_raw_operands`); `&`, `|`, `^` are
+    # logical on bools and bitwise on ints ---
+    def __add__(self, other: Any) -> NamedArray:
+        return _binop(jnp.add, self, other)
+
+    def __radd__(self, other: Any) -> NamedArray:
+        return _binop(jnp.add, other, self)
+
+    def __sub__(self, other: Any) -> NamedArray:
+        return _binop(jnp.subtract, self, other)
+
+    def __rsub__(self, other: Any) -> NamedArray:
+        return _binop(jnp.subtract, other, self)
+
+    def __mul__(self, other: Any) -> NamedArray:
+        return _binop(jnp.multiply, self, other)
+
+    def __rmul__(self, other: Any) -> NamedArray:
+        return _binop(jnp.multiply, other, self)
+
+    def __truediv__(self, other: Any) -> NamedArray:
+        return _binop(jnp.true_divide, self, other)
+
+    def __rtruediv__(self, other: Any) -> NamedArray:
+        return _binop(jnp.true_divide, other, self)
+
+    def __floordiv__(self, other: Any) -> NamedArray:
+        return _binop(jnp.floor_divide, self, other)
+
+    def __rfloordiv__(self, other: Any) -> NamedArray:
+        return _binop(jnp.floor_divide, other, self)
+
+    def __mod__(self, other: Any) -> NamedArray:
+        return _binop(jnp.mod, self, other)
+
+    def __rmod__(self, other: Any) -> NamedArray:
+        return _binop(jnp.mod, other, self)
+
+    def __pow__(self, other: Any) -> NamedArray:
+        return _binop(jnp.power, self, other)
+
+    def __rpow__(self, other: Any) -> NamedArray:
+        return _binop(jnp.power, other, self)
+
+    def __and__(self, other: Any) -> NamedArray:
+        return _binop(jnp.bitwise_and, self, other)
+
+    def __rand__(self, other: Any) -> NamedArray:
+        return _binop(jnp.bitwise_and, other, self)
+
+    def __or__(self, other: Any) -> NamedArray:
+        return _binop(jnp.bitwise_or, self, other)
+
+    def __ror__(self, other: Any) -> NamedArray:
+        return _binop(jnp.bitwise_or, other, self)
+
+    def __xor__(self, other: Any) -> NamedArray:
+        return _binop(jnp.bitwise_xor, self, other)
+
+    def __rxor__(self, other: Any) -> NamedArray:
+        return _binop(jnp.bitwise_xor, other, self)
+
+    def __lshift__(self, other: Any) -> NamedArray:
+        return _binop(jnp.left_shift, self, other)
+
+    def __rlshift__(self, other: Any) -> NamedArray:
+        return _binop(jnp.left_shift, other, self)
+
+    def __rshift__(self, other: Any) -> NamedArray:
+        return _binop(jnp.right_shift, self, other)
+
+    def __rrshift__(self, other: Any) -> NamedArray:
+        return _binop(jnp.right_shift, other, self)
+
+    def __eq__(self, other: Any) -> NamedArray:  # type: ignore[override]
+        return _binop(jnp.equal, self, other)
+
+    def __ne__(self, other: Any) -> NamedArray:  # type: ignore[override]
+        return _binop(jnp.not_equal, self, other)
+
+    def __lt__(self, other: Any) -> NamedArray:  # type: ignore[override]
+        return _binop(jnp.less, self, other)
+
+    def __le__(self, other: Any) -> NamedArray:  # type: ignore[override]
+        return _binop(jnp.less_equal, self, other)
+
+    def __gt__(self, other: Any) -> NamedArray:  # type: ignore[override]
+        return _binop(jnp.greater, self, other)
+
+    def __ge__(self, other: Any) -> NamedArray:  # type: ignore[override]
+        return _binop(jnp.greater_equal, self, other)
+
+    __hash__ = None  # type: ignore[assignment]  # == is elementwise
+
+    def __neg__(self) -> NamedArray:
+        return NamedArray(-self.array, self.axes)
+
+    def __pos__(self) -> NamedArray:
+        return self
+
+    def __abs__(self) -> NamedArray:
+        return NamedArray(jnp.abs(self.array), self.axes)
+
+    def __invert__(self) -> NamedArray:
+        return NamedArray(jnp.invert(self.array), self.axes)
+
+    # --- elementwise methods ---
+    @property
+    def real(self) -> NamedArray:
+        return NamedArray(jnp.real(self.array), self.axes)
+
+    @property
+    def imag(self) -> NamedArray:
+        return NamedArray(jnp.imag(self.array), self.axes)
+
+    def exp(self) -> NamedArray:
+        return NamedArray(jnp.exp(self.array), self.axes)
+
+    def log(self) -> NamedArray:
+        return NamedArray(jnp.log(self.array), self.axes)
+
+    def sqrt(self) -> NamedArray:
+        return NamedArray(jnp.sqrt(self.array), self.axes)
+
+    def tanh(self) -> NamedArray:
+        return NamedArray(jnp.tanh(self.array), self.axes)
+
+    def sin(self) -> NamedArray:
+        return NamedArray(jnp.sin(self.array), self.axes)
+
+    def cos(self) -> NamedArray:
+        return NamedArray(jnp.cos(self.array), self.axes)
+
+    def square(self) -> NamedArray:
+        return NamedArray(jnp.square(self.array), self.axes)
+
+    def round(self, decimals: int = 0) -> NamedArray:
+        return NamedArray(jnp.round(self.array, decimals), self.axes)
+
+    def clip(self, a_min: Any = None, a_max: Any = None) -> NamedArray:
+        """`hax.clip`: bounds may be NamedArrays, aligned by name."""
+        axes, (ra, lo, hi) = _raw_operands(self, a_min, a_max)
+        return NamedArray(jnp.clip(ra, lo, hi), axes)
+
+    # --- along one axis ---
+    def cumsum(self, axis: AxisSelector, *, dtype: Any = None) -> NamedArray:
+        return NamedArray(jnp.cumsum(self.array, self.axis_index(axis), dtype), self.axes)
+
+    def sort(self, axis: AxisSelector) -> NamedArray:
+        return NamedArray(jnp.sort(self.array, self.axis_index(axis)), self.axes)
+
+    def argsort(self, axis: AxisSelector) -> NamedArray:
+        return NamedArray(jnp.argsort(self.array, self.axis_index(axis)), self.axes)
+
+    def roll(self, shift: Any, axis: AxisSelector) -> NamedArray:
+        return NamedArray(jnp.roll(self.array, shift, self.axis_index(axis)), self.axes)
+
+    def unbind(self, axis: AxisSelector) -> list[NamedArray]:
+        """The slices along `axis` (the inverse of `hax.stack`)."""
+        i = self.axis_index(axis)
+        rest = self.axes[:i] + self.axes[i + 1 :]
+        moved = jnp.moveaxis(self.array, i, 0)
+        return [NamedArray(moved[j], rest) for j in range(self.axes[i].size)]
+
+    def ravel(self, new_axis_name: AxisSelector) -> NamedArray:
+        """All axes merged into one (`hax.ravel`)."""
+        return _hax._ops.ravel(self, new_axis_name)
+
+    flatten = ravel
+
+    # --- implemented in other modules (looked up on the package at call time, so `_core`
+    # stays at the bottom of the import graph) ---
+    def __getitem__(self, idx: Any) -> NamedArray:
+        """`x[{"pos": 3, "embed": slice(0, 4)}]` or `x["pos", 3]`: see `hax.index`."""
+        return _hax._indexing.index(self, idx)
+
+    @property
+    def at(self) -> Any:
+        """`x.at[{...}].set/add/multiply/min/max/get(...)`: see `_indexing.NamedIndexUpdateRef`."""
+        return _hax._indexing._AtHelper(self)
+
+    def take(self, axis: AxisSelector, index: Any) -> NamedArray:
+        return _hax._indexing.take(self, axis, index)
+
+    def slice(self, *args: Any, **kwargs: Any) -> NamedArray:
+        """`hax.slice(self, ...)`."""
+        return _hax._indexing.slice(self, *args, **kwargs)
+
+    def updated_slice(self, start: Mapping[AxisSelector, Any], update: NamedArray) -> NamedArray:
+        return _hax._indexing.updated_slice(self, start, update)
+
+    def dot(self, *others: NamedArray, axis: AxisSelection | None, **kwargs: Any) -> NamedArray:
+        """`hax.dot(self, *others, axis=...)`."""
+        return _hax._dot.dot(self, *others, axis=axis, **kwargs)
+
+    def sum(self, axis: AxisSelection | None = None, **kwargs: Any) -> NamedArray:
+        return _hax._reductions.sum(self, axis, **kwargs)
+
+    def mean(self, axis: AxisSelection | None = None, **kwargs: Any) -> NamedArray:
+        return _hax._reductions.mean(self, axis, **kwargs)
+
+    def max(self, axis: AxisSelection | None = None, **kwargs: Any) -> NamedArray:
+        return _hax._reductions.max(self, axis, **kwargs)
+
+    def min(self, axis: AxisSelection | None = None, **kwargs: Any) -> NamedArray:
+        return _hax._reductions.min(self, axis, **kwargs)
+
+    def prod(self, axis: AxisSelection | None = None, **kwargs: Any) -> NamedArray:
+        return _hax._reductions.prod(self, axis, **kwargs)
+
+    def std(self, axis: AxisSelection | None = None, **kwargs: Any) -> NamedArray:
+        return _hax._reductions.std(self, axis, **kwargs)
+
+    def var(self, axis: AxisSelection | None = None, **kwargs: Any) -> NamedArray:
+        return _hax._reductions.var(self, axis, **kwargs)
+
+    def any(self, axis: AxisSelection | None = None, **kwargs: Any) -> NamedArray:
+        return _hax._reductions.any(self, axis, **kwargs)
+
+    def all(self, axis: AxisSelection | None = None, **kwargs: Any) -> NamedArray:
+        return _hax._reductions.all(self, axis, **kwargs)
+
+    def ptp(self, axis: AxisSelection | None = None, **kwargs: Any) -> NamedArray:
+        return _hax._reductions.ptp(self, axis, **kwargs)
+
+    def logsumexp(self, axis: AxisSelection | None = None, **kwargs: Any) -> NamedArray:
+        return _hax._reductions.logsumexp(self, axis, **kwargs)
+
+    def argmax(self, axis: AxisSelector | None = None) -> NamedArray:
+        return _hax._reductions.argmax(self, axis)
+
+    def argmin(self, axis: AxisSelector | None = None) -> NamedArray:
+        return _hax._reductions.argmin(self, axis)
+
+
+def _binop(fn: Any, a: Any, b: Any) -> NamedArray:
+    axes, (ra, rb) = _raw_operands(a, b)
+    return NamedArray(fn(ra, rb), axes)
 
 
 def is_named_array(x: Any) -> bool:
@@ -608,25 +765,3 @@ def split(array: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis]) -> li
         NamedArray(p, array.axes[:i] + (ax,) + array.axes[i + 1 :])
         for p, ax in zip(pieces, new_axes)
     ]
-
-
-def _resolve_axes_from(arrays: Sequence[NamedArray], sel: AxisSelection) -> tuple[Axis, ...]:
-    """Resolves names against the axes of `arrays` (first match wins, sizes checked)."""
-    out = []
-    for s in _as_tuple(sel):
-        found = None
-        for arr in arrays:
-            i = arr._lookup_index(axis_name(s))  # type: ignore[arg-type]
-            if i is not None:
-                found = arr.axes[i]
-                break
-        if found is None:
-            if isinstance(s, Axis):
-                found = s
-            else:
-                present = sorted({a.name for arr in arrays for a in arr.axes})
-                raise AxisNotFoundError(f"axis {s!r} not found; the arrays have axes {present}")
-        if isinstance(s, Axis):
-            check_axes_match(s, found)
-        out.append(found)
-    return tuple(out)

@@ -68,12 +68,22 @@ def dot(
     precision: Any = None,
     preferred_element_type: Any = None,
     out_axes: Sequence[Any] | None = None,
+    dot_general: Any = None,
 ) -> NamedArray:
     """Contracts `arrays` over `axis` (a name, an Axis, or several); other axes are kept.
 
     Axes shared by several arrays but not contracted act as batch axes. The result's axes are
     the kept ones in order of first appearance (or `out_axes`, which may use `...`).
-    `axis=None` contracts every axis (a scalar); `axis=()` contracts nothing.
+    `axis=None` contracts every axis (a scalar); `axis=()` contracts nothing. `dot_general`
+    replaces `jax.lax.dot_general` (e.g. a quantized one, see `hax.quantization`).
+
+    Args:
+        *arrays: the operands.
+        axis: axes to contract (name, Axis or several); None contracts all, `()` none.
+        precision: passed to the matmul.
+        preferred_element_type: accumulation/result dtype.
+        out_axes: order of the result axes (may use `...`).
+        dot_general: replaces `jax.lax.dot_general` (two operands only).
 
     >>> import meltemi.haliax as hax
     >>> A, B = Axis("a", 2), Axis("b", 3)
@@ -103,8 +113,32 @@ def dot(
     kept = [n for n in all_axes if n not in contract]
     if out_axes is not None:
         kept = _order_out(kept, out_axes)
+    if dot_general is not None:
+        return _dot_general_2(arrays, contract, kept, all_axes, dot_general, precision)
     out = _einsum_raw(arrays, kept, letters, precision, preferred_element_type)
     return NamedArray(out, tuple(all_axes[n] for n in kept))
+
+
+def _dot_general_2(arrays, contract, kept, all_axes, dot_general, precision) -> NamedArray:
+    """Two-operand contraction through a custom `dot_general` (which may hold arrays, so it
+    cannot be a static argument of `jnp.einsum`)."""
+    if len(arrays) != 2:
+        raise ValueError(f"dot: a custom dot_general takes exactly 2 arrays, got {len(arrays)}")
+    a, b = arrays
+    a_names, b_names = [x.name for x in a.axes], [x.name for x in b.axes]
+    batch = [n for n in a_names if n in b_names and n not in contract]
+    con = [n for n in a_names if n in contract and n in b_names]
+    only = [n for n in contract if (n in a_names) != (n in b_names)]
+    if only:
+        raise ValueError(f"dot: with a custom dot_general, contracted axes {only} must be in both")
+    dims = (
+        ([a_names.index(n) for n in con], [b_names.index(n) for n in con]),
+        ([a_names.index(n) for n in batch], [b_names.index(n) for n in batch]),
+    )
+    out = dot_general(a.array, b.array, dims, precision=precision)
+    names = batch + [n for n in a_names if n not in con and n not in batch]
+    names += [n for n in b_names if n not in con and n not in batch]
+    return NamedArray(out, tuple(all_axes[n] for n in names)).rearrange(kept)
 
 
 def _order_out(kept: list[str], out_axes: Sequence[Any]) -> list[str]:

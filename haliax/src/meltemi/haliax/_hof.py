@@ -152,6 +152,12 @@ def vmap(
     NamedArray arguments that have `axis` are mapped over it (wherever it sits); others are
     passed whole. Unnamed arrays are mapped over their leading dimension unless `default(leaf)`
     returns None. Outputs get `axis` as their first axis.
+
+    Args:
+        fn: the function to map.
+        axis: the axis (or axes, outermost first) to map over.
+        default: for unnamed leaves: returns None to pass a leaf whole, else it is mapped on dim 0.
+        spmd_axis_name: mesh axis the mapped axis is sharded over (as `jax.vmap`).
     """
     if isinstance(axis, tuple | list):
         out = fn
@@ -221,6 +227,14 @@ def scan(
     sliced along it; unnamed arrays are sliced along their leading dimension when
     `is_scanned(leaf)`; everything else is passed whole to every step. NamedArrays in `y` are
     stacked with `axis` first. `remat` is a ScanCheckpointPolicy, a bool, or a kind string.
+
+    Args:
+        f: `f(carry, *args, **kwargs) -> (carry, y)`.
+        axis: the axis to scan over.
+        remat: checkpointing: a ScanCheckpointPolicy, a bool or a kind string.
+        reverse: scan from the last step to the first.
+        unroll: steps unrolled per loop iteration.
+        is_scanned: which unnamed leaves are sliced along their leading dim.
     """
     policy = ScanCheckpointPolicy.from_bool_or_str(remat).resolved()
 
@@ -253,7 +267,16 @@ def fold(
     unroll: int = 1,
     is_scanned: Callable[[Any], bool] = _is_array,
 ) -> Callable:
-    """Like `scan` for `fn(carry, *args, **kwargs) -> carry`: returns `g(init, ...) -> carry`."""
+    """Like `scan` for `fn(carry, *args, **kwargs) -> carry`: returns `g(init, ...) -> carry`.
+
+    Args:
+        fn: `fn(carry, *args, **kwargs) -> carry`.
+        axis: the axis to fold over.
+        remat: checkpointing, as in `scan`.
+        reverse: fold from the last step to the first.
+        unroll: steps unrolled per loop iteration.
+        is_scanned: which unnamed leaves are sliced along their leading dim.
+    """
 
     def step(carry, *args, **kwargs):
         return fn(carry, *args, **kwargs), None
@@ -266,7 +289,7 @@ def fold(
     return folded
 
 
-def map(fn: Callable, axis: AxisSelector, *, is_scanned=_is_array) -> Callable:  # noqa: A001
+def map(fn: Callable, axis: AxisSelector, *, is_scanned=_is_array) -> Callable:
     """Sequential map over a named axis (`lax.map`): like `vmap` but one slice at a time."""
 
     def step(carry, *args, **kwargs):

@@ -33,21 +33,44 @@ from meltemi.haliax._core import (
     broadcast_to,
 )
 
-__all__ = ["dslice", "ds", "index", "take", "slice", "updated_slice", "NamedIndexUpdateRef"]
+__all__ = [
+    "dslice",
+    "ds",
+    "dblock",
+    "index",
+    "take",
+    "slice",
+    "updated_slice",
+    "NamedIndexUpdateRef",
+]
 
 
 @dataclasses.dataclass(frozen=True)
-class dslice:  # noqa: N801 - mirrors jax.ds / haliax.dslice
+class dslice:
     """A slice of static `size` starting at a (possibly traced) `start`."""
 
     start: Any
     size: int
 
+    def __post_init__(self):
+        if isinstance(self.size, Axis):  # Haliax allows dslice(start, Axis): its size
+            object.__setattr__(self, "size", self.size.size)
+
     def to_slice(self):
         return builtins.slice(self.start, self.start + self.size)
 
+    @staticmethod
+    def block(idx: Any, size: int) -> dslice:
+        """The `idx`-th block of `size` elements: `dslice(idx * size, size)`."""
+        return dslice(idx * size, size)
+
 
 ds = dslice
+
+
+def dblock(idx: Any, size: int) -> dslice:
+    """The `idx`-th block of `size` elements: `dslice(idx * size, size)`."""
+    return dslice(idx * size, size)
 
 
 def _normalize(array: NamedArray, idx: Any) -> dict[str, Any]:
@@ -150,7 +173,7 @@ def take(array: NamedArray, axis: AxisSelector, index: Any) -> NamedArray:
     return globals()["index"](array, {axis_name(axis): index})
 
 
-def slice(  # noqa: A001
+def slice(
     array: NamedArray,
     axis: AxisSelector | Mapping[AxisSelector, Any],
     new_axis: AxisSelector | None = None,
@@ -161,6 +184,13 @@ def slice(  # noqa: A001
 
     Either `slice(x, "pos", start=2, length=3)` or `slice(x, {"pos": 2}, length={"pos": 3})`.
     `new_axis` renames the sliced axis.
+
+    Args:
+        array: the array.
+        axis: the axis to slice, or a mapping `{axis: start}`.
+        new_axis: name (or Axis) of the sliced axis (default: the old name).
+        start: the start, possibly traced.
+        length: static length (a mapping with the mapping form).
     """
     if isinstance(axis, Mapping):
         if not isinstance(length, Mapping):

@@ -12,7 +12,7 @@ Array([1., 1.], dtype=float32)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -29,6 +29,7 @@ from meltemi.haliax._core import (
     _raw_operands,
     axis_name,
     check_axes_match,
+    flatten_axes,
 )
 
 __all__ = [
@@ -57,12 +58,112 @@ __all__ = [
     "allclose",
     "array_equal",
     "nan_to_num",
+    "nancumsum",
+    "nancumprod",
+    "array_equiv",
+    "divmod",
+    "frexp",
+    "ndim",
+    "pad",
+    "pad_left",
+    "ravel",
+    "flatten",
+    "abs",
+    "absolute",
+    "negative",
+    "positive",
+    "sign",
+    "floor",
+    "ceil",
+    "round",
+    "trunc",
+    "rint",
+    "exp",
+    "exp2",
+    "expm1",
+    "log",
+    "log2",
+    "log10",
+    "log1p",
+    "sqrt",
+    "cbrt",
+    "square",
+    "reciprocal",
+    "sin",
+    "cos",
+    "tan",
+    "arcsin",
+    "arccos",
+    "arctan",
+    "sinh",
+    "cosh",
+    "tanh",
+    "arcsinh",
+    "arccosh",
+    "arctanh",
+    "isnan",
+    "isinf",
+    "isfinite",
+    "isneginf",
+    "isposinf",
+    "iscomplex",
+    "isreal",
+    "logical_not",
+    "conj",
+    "conjugate",
+    "real",
+    "imag",
+    "angle",
+    "deg2rad",
+    "rad2deg",
+    "degrees",
+    "radians",
+    "signbit",
+    "around",
+    "fabs",
+    "i0",
+    "sinc",
+    "copy",
+    "rsqrt",
+    "fix",
+    "add",
+    "subtract",
+    "multiply",
+    "divide",
+    "true_divide",
+    "floor_divide",
+    "power",
+    "float_power",
+    "mod",
+    "remainder",
+    "fmod",
+    "maximum",
+    "minimum",
+    "fmax",
+    "fmin",
+    "arctan2",
+    "hypot",
+    "logaddexp",
+    "logaddexp2",
+    "equal",
+    "not_equal",
+    "less",
+    "less_equal",
+    "greater",
+    "greater_equal",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+    "copysign",
+    "nextafter",
     "UNARY_OPS",
     "BINARY_OPS",
 ]
 
 
 def _shape(axes: AxisSpec) -> tuple[tuple[Axis, ...], tuple[int, ...]]:
+    if isinstance(axes, Mapping):  # Haliax's ShapeDict: {"batch": 3, "embed": 5}
+        axes = tuple(Axis(n, s) for n, s in axes.items())
     ax = tuple(_as_tuple(axes))
     for a in ax:
         if not isinstance(a, Axis):
@@ -99,28 +200,54 @@ def full_like(a: NamedArray, fill_value, dtype=None) -> NamedArray:
     return NamedArray(jnp.full_like(a.array, fill_value, dtype), a.axes)
 
 
-def arange(axis: Axis, *, start=0, step=1, dtype=None) -> NamedArray:
-    """`start + step * i` for i along `axis`.
+def arange(axis: AxisSpec, *, start=0, step=1, dtype=None) -> NamedArray:
+    """`start + step * i` for i along `axis`; several axes number their elements row-major.
+
+    Args:
+        axis: the axis (its size is the number of values), or several axes.
+        start: first value (may be traced).
+        step: spacing.
+        dtype: result dtype.
 
     >>> arange(Axis("pos", 4), start=1).array
     Array([1, 2, 3, 4], dtype=int32)
+    >>> arange((Axis("a", 2), Axis("b", 3))).array
+    Array([[0, 1, 2],
+           [3, 4, 5]], dtype=int32)
     """
-    return NamedArray(jnp.arange(axis.size, dtype=dtype) * step + start, (axis,))
+    ax, s = _shape(axis)
+    n = 1
+    for d in s:
+        n *= d
+    return NamedArray((jnp.arange(n, dtype=dtype) * step + start).reshape(s), ax)
 
 
-def linspace(axis: Axis, *, start=0.0, stop=1.0, endpoint=True, dtype=None) -> NamedArray:
+def linspace(axis: AxisSelector, *, start=0.0, stop=1.0, endpoint=True, dtype=None) -> NamedArray:
+    """`axis.size` evenly spaced values from `start` to `stop`.
+
+    Args:
+        axis: the axis (its size is the number of values); a bare name gets numpy's 50.
+        start: first value.
+        stop: last value (or the end, with `endpoint=False`).
+        endpoint: include `stop`.
+        dtype: result dtype.
+    """
+    if isinstance(axis, str):
+        axis = Axis(axis, 50)
     return NamedArray(jnp.linspace(start, stop, axis.size, endpoint=endpoint, dtype=dtype), (axis,))
 
 
-def _wrap_unary(fn: Callable) -> Callable:
+def _wrap_unary(fn: Callable, name: str | None = None) -> Callable:
+    name = name or fn.__name__
+
     def wrapped(a, *args, **kwargs):
         if isinstance(a, NamedArray):
             return NamedArray(fn(a.array, *args, **kwargs), a.axes)
         return fn(a, *args, **kwargs)
 
-    wrapped.__name__ = fn.__name__
-    wrapped.__qualname__ = fn.__name__
-    wrapped.__doc__ = f"Named version of `jnp.{fn.__name__}` (elementwise; axes are kept)."
+    wrapped.__name__ = name
+    wrapped.__qualname__ = name
+    wrapped.__doc__ = f"Named version of `jnp.{name}` (elementwise; axes are kept)."
     return wrapped
 
 
@@ -139,30 +266,190 @@ def _wrap_binary(fn: Callable) -> Callable:
     return wrapped
 
 
-UNARY_OPS = (
-    "abs absolute negative positive sign floor ceil round trunc rint exp exp2 expm1 log log2 log10 "
-    "log1p sqrt cbrt square reciprocal sin cos tan arcsin arccos arctan sinh cosh tanh arcsinh "
-    "arccosh arctanh isnan isinf isfinite logical_not invert bitwise_not conj real imag angle "
-    "deg2rad rad2deg signbit"
-).split()
-
-BINARY_OPS = (
-    "add subtract multiply divide true_divide floor_divide power float_power mod remainder fmod "
-    "maximum minimum fmax fmin arctan2 hypot logaddexp logaddexp2 equal not_equal less less_equal "
-    "greater greater_equal logical_and logical_or logical_xor bitwise_and bitwise_or bitwise_xor "
-    "left_shift right_shift copysign nextafter"
-).split()
-
-_g = globals()
-for _name in UNARY_OPS:
-    _g[_name] = _wrap_unary(getattr(jnp, _name))
-    __all__.append(_name)
-for _name in BINARY_OPS:
-    _g[_name] = _wrap_binary(getattr(jnp, _name))
-    __all__.append(_name)
+# Elementwise ops, one line each so a reader finds every public name here.
+abs = _wrap_unary(jnp.abs)
+absolute = _wrap_unary(jnp.absolute)
+negative = _wrap_unary(jnp.negative)
+positive = _wrap_unary(jnp.positive)
+sign = _wrap_unary(jnp.sign)
+floor = _wrap_unary(jnp.floor)
+ceil = _wrap_unary(jnp.ceil)
+round = _wrap_unary(jnp.round)
+trunc = _wrap_unary(jnp.trunc)
+rint = _wrap_unary(jnp.rint)
+exp = _wrap_unary(jnp.exp)
+exp2 = _wrap_unary(jnp.exp2)
+expm1 = _wrap_unary(jnp.expm1)
+log = _wrap_unary(jnp.log)
+log2 = _wrap_unary(jnp.log2)
+log10 = _wrap_unary(jnp.log10)
+log1p = _wrap_unary(jnp.log1p)
+sqrt = _wrap_unary(jnp.sqrt)
+cbrt = _wrap_unary(jnp.cbrt)
+square = _wrap_unary(jnp.square)
+reciprocal = _wrap_unary(jnp.reciprocal)
+sin = _wrap_unary(jnp.sin)
+cos = _wrap_unary(jnp.cos)
+tan = _wrap_unary(jnp.tan)
+arcsin = _wrap_unary(jnp.arcsin)
+arccos = _wrap_unary(jnp.arccos)
+arctan = _wrap_unary(jnp.arctan)
+sinh = _wrap_unary(jnp.sinh)
+cosh = _wrap_unary(jnp.cosh)
+tanh = _wrap_unary(jnp.tanh)
+arcsinh = _wrap_unary(jnp.arcsinh)
+arccosh = _wrap_unary(jnp.arccosh)
+arctanh = _wrap_unary(jnp.arctanh)
+isnan = _wrap_unary(jnp.isnan)
+isinf = _wrap_unary(jnp.isinf)
+isfinite = _wrap_unary(jnp.isfinite)
+isneginf = _wrap_unary(jnp.isneginf)
+isposinf = _wrap_unary(jnp.isposinf)
+iscomplex = _wrap_unary(jnp.iscomplex)
+isreal = _wrap_unary(jnp.isreal)
+logical_not = _wrap_unary(jnp.logical_not)
+conj = _wrap_unary(jnp.conj)
+conjugate = _wrap_unary(jnp.conjugate)
+real = _wrap_unary(jnp.real)
+imag = _wrap_unary(jnp.imag)
+angle = _wrap_unary(jnp.angle)
+deg2rad = _wrap_unary(jnp.deg2rad)
+rad2deg = _wrap_unary(jnp.rad2deg)
+degrees = _wrap_unary(jnp.degrees)
+radians = _wrap_unary(jnp.radians)
+signbit = _wrap_unary(jnp.signbit)
+around = _wrap_unary(jnp.around)
+fabs = _wrap_unary(jnp.fabs)
+i0 = _wrap_unary(jnp.i0)
+sinc = _wrap_unary(jnp.sinc)
+copy = _wrap_unary(jnp.copy)
 rsqrt = _wrap_unary(jax.lax.rsqrt)
-__all__.append("rsqrt")
-del _g, _name
+fix = _wrap_unary(jnp.trunc, "fix")  # jnp.fix is deprecated for trunc; same values
+add = _wrap_binary(jnp.add)
+subtract = _wrap_binary(jnp.subtract)
+multiply = _wrap_binary(jnp.multiply)
+divide = _wrap_binary(jnp.divide)
+true_divide = _wrap_binary(jnp.true_divide)
+floor_divide = _wrap_binary(jnp.floor_divide)
+power = _wrap_binary(jnp.power)
+float_power = _wrap_binary(jnp.float_power)
+mod = _wrap_binary(jnp.mod)
+remainder = _wrap_binary(jnp.remainder)
+fmod = _wrap_binary(jnp.fmod)
+maximum = _wrap_binary(jnp.maximum)
+minimum = _wrap_binary(jnp.minimum)
+fmax = _wrap_binary(jnp.fmax)
+fmin = _wrap_binary(jnp.fmin)
+arctan2 = _wrap_binary(jnp.arctan2)
+hypot = _wrap_binary(jnp.hypot)
+logaddexp = _wrap_binary(jnp.logaddexp)
+logaddexp2 = _wrap_binary(jnp.logaddexp2)
+equal = _wrap_binary(jnp.equal)
+not_equal = _wrap_binary(jnp.not_equal)
+less = _wrap_binary(jnp.less)
+less_equal = _wrap_binary(jnp.less_equal)
+greater = _wrap_binary(jnp.greater)
+greater_equal = _wrap_binary(jnp.greater_equal)
+logical_and = _wrap_binary(jnp.logical_and)
+logical_or = _wrap_binary(jnp.logical_or)
+logical_xor = _wrap_binary(jnp.logical_xor)
+copysign = _wrap_binary(jnp.copysign)
+nextafter = _wrap_binary(jnp.nextafter)
+
+UNARY_OPS = (
+    "abs",
+    "absolute",
+    "negative",
+    "positive",
+    "sign",
+    "floor",
+    "ceil",
+    "round",
+    "trunc",
+    "rint",
+    "exp",
+    "exp2",
+    "expm1",
+    "log",
+    "log2",
+    "log10",
+    "log1p",
+    "sqrt",
+    "cbrt",
+    "square",
+    "reciprocal",
+    "sin",
+    "cos",
+    "tan",
+    "arcsin",
+    "arccos",
+    "arctan",
+    "sinh",
+    "cosh",
+    "tanh",
+    "arcsinh",
+    "arccosh",
+    "arctanh",
+    "isnan",
+    "isinf",
+    "isfinite",
+    "isneginf",
+    "isposinf",
+    "iscomplex",
+    "isreal",
+    "logical_not",
+    "conj",
+    "conjugate",
+    "real",
+    "imag",
+    "angle",
+    "deg2rad",
+    "rad2deg",
+    "degrees",
+    "radians",
+    "signbit",
+    "around",
+    "fabs",
+    "i0",
+    "sinc",
+    "copy",
+    "rsqrt",
+    "fix",
+)
+"""Names of the elementwise one-argument ops."""
+BINARY_OPS = (
+    "add",
+    "subtract",
+    "multiply",
+    "divide",
+    "true_divide",
+    "floor_divide",
+    "power",
+    "float_power",
+    "mod",
+    "remainder",
+    "fmod",
+    "maximum",
+    "minimum",
+    "fmax",
+    "fmin",
+    "arctan2",
+    "hypot",
+    "logaddexp",
+    "logaddexp2",
+    "equal",
+    "not_equal",
+    "less",
+    "less_equal",
+    "greater",
+    "greater_equal",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+    "copysign",
+    "nextafter",
+)
+"""Names of the elementwise two-argument ops (operands aligned by name)."""
 
 
 def where(condition: Any, x: Any = None, y: Any = None) -> NamedArray:
@@ -185,27 +472,85 @@ def clip(a: NamedArray, a_min: Any = None, a_max: Any = None) -> NamedArray:
 
 
 def nan_to_num(a: NamedArray, nan=0.0, posinf=None, neginf=None) -> NamedArray:
+    """
+
+    Args:
+        a: the array.
+        nan: replacement for NaN.
+        posinf: replacement for +inf (default: the dtype's max).
+        neginf: replacement for -inf (default: the dtype's min).
+    """
     return NamedArray(jnp.nan_to_num(a.array, nan=nan, posinf=posinf, neginf=neginf), a.axes)
 
 
-def isclose(a: NamedArray, b: NamedArray, rtol=1e-5, atol=1e-8) -> NamedArray:
+def isclose(a: NamedArray, b: NamedArray, rtol=1e-5, atol=1e-8, equal_nan=False) -> NamedArray:
+    """`jnp.isclose` after aligning by name.
+
+    Args:
+        a: first array.
+        b: second array (aligned by name).
+        rtol: relative tolerance.
+        atol: absolute tolerance.
+        equal_nan: count NaNs in the same place as equal.
+    """
     axes, (ra, rb) = _raw_operands(a, b)
-    return NamedArray(jnp.isclose(ra, rb, rtol=rtol, atol=atol), axes)
+    return NamedArray(jnp.isclose(ra, rb, rtol=rtol, atol=atol, equal_nan=equal_nan), axes)
 
 
-def allclose(a: NamedArray, b: NamedArray, rtol=1e-5, atol=1e-8) -> bool:
-    """Like `jnp.allclose`, after aligning by name; different axis sets are never close."""
+def allclose(a: NamedArray, b: NamedArray, rtol=1e-5, atol=1e-8, equal_nan=False) -> bool:
+    """Like `jnp.allclose`, after aligning by name; different axis sets are never close.
+
+    Args:
+        a: first array.
+        b: second array (aligned by name).
+        rtol: relative tolerance.
+        atol: absolute tolerance.
+        equal_nan: count NaNs in the same place as equal.
+    """
     if {x.name for x in a.axes} != {x.name for x in b.axes}:
         return False
     axes, (ra, rb) = _raw_operands(a, b)
-    return bool(jnp.allclose(ra, rb, rtol=rtol, atol=atol))
+    return bool(jnp.allclose(ra, rb, rtol=rtol, atol=atol, equal_nan=equal_nan))
 
 
 def array_equal(a: NamedArray, b: NamedArray) -> bool:
+    """Same axis names (any order), same sizes and equal values."""
     if {x.name for x in a.axes} != {x.name for x in b.axes}:
         return False
     axes, (ra, rb) = _raw_operands(a, b)
     return bool(jnp.array_equal(ra, rb))
+
+
+def array_equiv(a: NamedArray, b: NamedArray) -> bool:
+    """Whether `a` and `b` broadcast together by name and are then equal everywhere.
+
+    >>> A, B = Axis("a", 3), Axis("b", 5)
+    >>> array_equiv(ones((A, B)), ones(B)), array_equiv(ones(A), ones(A.resize(4)))
+    (True, False)
+    """
+    try:
+        axes, (ra, rb) = _raw_operands(a, b)
+    except AxisError:
+        return False
+    return bool(jnp.all(ra == rb))
+
+
+def divmod(x1: Any, x2: Any) -> tuple[NamedArray, NamedArray]:
+    """`(x1 // x2, x1 % x2)`, aligned by name."""
+    axes, (r1, r2) = _raw_operands(x1, x2)
+    q, r = jnp.divmod(r1, r2)
+    return NamedArray(q, axes), NamedArray(r, axes)
+
+
+def frexp(a: NamedArray) -> tuple[NamedArray, NamedArray]:
+    """Mantissa and exponent (`a == m * 2**e`), each with `a`'s axes."""
+    m, e = jnp.frexp(a.array)
+    return NamedArray(m, a.axes), NamedArray(e, a.axes)
+
+
+def ndim(a: NamedArray) -> int:
+    """The number of axes."""
+    return a.ndim
 
 
 def concatenate(axis: AxisSelector, arrays: Sequence[NamedArray]) -> NamedArray:
@@ -269,7 +614,14 @@ def unbind(array: NamedArray, axis: AxisSelector) -> list[NamedArray]:
 
 
 def top_k(array: NamedArray, axis: AxisSelector, k: int, new_axis: AxisSelector | None = None):
-    """Largest `k` values along `axis` and their indices; the axis becomes `new_axis` (size k)."""
+    """Largest `k` values along `axis` and their indices; the axis becomes `new_axis` (size k).
+
+    Args:
+        array: the array.
+        axis: the axis to select along.
+        k: how many values.
+        new_axis: name (or Axis) of the result axis (default: the old name, size k).
+    """
     i = array.axis_index(axis)
     old = array.axes[i]
     if new_axis is None:
@@ -309,15 +661,95 @@ def roll(array: NamedArray, shift: int | jax.Array, axis: AxisSelector) -> Named
 
 
 def _tri(fn):
-    def wrapped(array: NamedArray, axes: tuple[AxisSelector, AxisSelector], k: int = 0):
-        r, c = axes
-        moved = array.rearrange((..., r, c))
+    def wrapped(array: NamedArray, axis1: Any, axis2: Any = None, k: int = 0) -> NamedArray:
+        if isinstance(axis1, tuple | list):  # the older (row, col) pair form: tril(x, (r, c), k)
+            if axis2 is not None:
+                k = axis2
+            axis1, axis2 = axis1
+        if axis2 is None:
+            raise TypeError(
+                f"{fn.__name__} needs two axes: {fn.__name__}(x, RowAxis, ColAxis, k=0)"
+            )
+        moved = array.rearrange((..., axis1, axis2))
         return NamedArray(fn(moved.array, k=k), moved.axes).rearrange([a.name for a in array.axes])
 
     wrapped.__name__ = fn.__name__
-    wrapped.__doc__ = f"`jnp.{fn.__name__}` over the (row, column) axes given by name."
+    wrapped.__qualname__ = fn.__name__
+    wrapped.__doc__ = (
+        f"`jnp.{fn.__name__}` over the (row, column) axes `axis1`, `axis2`, offset by `k`."
+    )
     return wrapped
 
 
 tril = _tri(jnp.tril)
 triu = _tri(jnp.triu)
+nancumsum = _along(jnp.nancumsum)
+nancumprod = _along(jnp.nancumprod)
+
+
+def pad(
+    array: NamedArray,
+    pad_width: Mapping[AxisSelector, tuple[int, int]],
+    *,
+    mode: str = "constant",
+    constant_values: Any = 0,
+    **kwargs: Any,
+) -> NamedArray:
+    """`jnp.pad` by axis: `pad_width` maps an axis (or name) to `(before, after)`.
+
+    Padded axes keep their names and grow; axes not in `pad_width` are left alone.
+
+    Args:
+        array: the array.
+        pad_width: `{axis: (before, after)}`.
+        mode: as `jnp.pad` (`"constant"`, `"reflect"`, `"edge"`, ...).
+        constant_values: fill value for `"constant"`.
+        **kwargs: passed to `jnp.pad`.
+
+    >>> pad(ones(Axis("pos", 3)), {"pos": (1, 2)}).array
+    Array([0., 1., 1., 1., 0., 0.], dtype=float32)
+    """
+    widths = {axis_name(k): v for k, v in pad_width.items()}
+    for name in widths:
+        array.axis_index(name)
+    padding = [tuple(widths.get(a.name, (0, 0))) for a in array.axes]
+    new_axes = tuple(a.resize(a.size + lo + hi) for a, (lo, hi) in zip(array.axes, padding))
+    if isinstance(constant_values, NamedArray):
+        constant_values = constant_values.scalar()
+    if mode == "constant":
+        kwargs["constant_values"] = constant_values
+    return NamedArray(jnp.pad(array.array, padding, mode=mode, **kwargs), new_axes)
+
+
+def pad_left(array: NamedArray, axis: Axis, new_axis: Axis, value: Any = 0) -> NamedArray:
+    """Pads `axis` at the front with `value` up to `new_axis.size`; the axis becomes `new_axis`.
+
+    Args:
+        array: the array.
+        axis: the axis to pad.
+        new_axis: the padded axis (its size is the new length).
+        value: fill value.
+    """
+    i = array.axis_index(axis)
+    extra = new_axis.size - array.axes[i].size
+    if extra < 0:
+        raise AxisError(
+            f"pad_left: cannot pad axis {array.axes[i].name!r} of size {array.axes[i].size} down "
+            f"to {new_axis.size}; use x[{{{array.axes[i].name!r}: slice(...)}}] to shorten it"
+        )
+    padding = [(0, 0)] * array.ndim
+    padding[i] = (extra, 0)
+    out = jnp.pad(array.array, padding, constant_values=value)
+    return NamedArray(out, array.axes[:i] + (new_axis,) + array.axes[i + 1 :])
+
+
+def ravel(array: NamedArray, new_axis_name: AxisSelector) -> NamedArray:
+    """All axes merged (in their current order, row-major) into one axis `new_axis_name`."""
+    if not array.axes:
+        new = new_axis_name if isinstance(new_axis_name, Axis) else Axis(new_axis_name, 1)
+        return NamedArray(jnp.reshape(array.array, (1,)), (new,))
+    return flatten_axes(array, array.axes, new_axis_name)
+
+
+flatten = ravel
+"""Haliax's second name for `ravel`."""

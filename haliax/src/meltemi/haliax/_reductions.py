@@ -42,6 +42,20 @@ __all__ = [
     "any",
     "all",
     "count_nonzero",
+    "amax",
+    "amin",
+    "product",
+    "ptp",
+    "nansum",
+    "nanmean",
+    "nanmax",
+    "nanmin",
+    "nanprod",
+    "nanstd",
+    "nanvar",
+    "nanargmax",
+    "nanargmin",
+    "trace",
 ]
 
 
@@ -79,16 +93,59 @@ def _make_reduction(fn: Callable, name: str, supports_where: bool = True) -> Cal
     return reduction
 
 
-sum = _make_reduction(jnp.sum, "sum")  # noqa: A001
+sum = _make_reduction(jnp.sum, "sum")
 mean = _make_reduction(jnp.mean, "mean")
-max = _make_reduction(jnp.max, "max")  # noqa: A001
-min = _make_reduction(jnp.min, "min")  # noqa: A001
+max = _make_reduction(jnp.max, "max")
+min = _make_reduction(jnp.min, "min")
 prod = _make_reduction(jnp.prod, "prod")
 std = _make_reduction(jnp.std, "std")
 var = _make_reduction(jnp.var, "var")
-any = _make_reduction(jnp.any, "any")  # noqa: A001
-all = _make_reduction(jnp.all, "all")  # noqa: A001
+any = _make_reduction(jnp.any, "any")
+all = _make_reduction(jnp.all, "all")
 count_nonzero = _make_reduction(jnp.count_nonzero, "count_nonzero", supports_where=False)
+amax = _make_reduction(jnp.max, "amax")
+amin = _make_reduction(jnp.min, "amin")
+product = _make_reduction(jnp.prod, "product")
+nansum = _make_reduction(jnp.nansum, "nansum")
+nanmean = _make_reduction(jnp.nanmean, "nanmean")
+nanmax = _make_reduction(jnp.nanmax, "nanmax")
+nanmin = _make_reduction(jnp.nanmin, "nanmin")
+nanprod = _make_reduction(jnp.nanprod, "nanprod")
+nanstd = _make_reduction(jnp.nanstd, "nanstd")
+nanvar = _make_reduction(jnp.nanvar, "nanvar")
+
+
+def ptp(array: NamedArray, axis: AxisSelection | None = None, *, where: Any = None) -> NamedArray:
+    """Peak to peak, `max - min`, over the named axes (all if None)."""
+    if where is None:
+        return max(array, axis) - min(array, axis)
+    big = jnp.finfo(array.dtype).max if jnp.issubdtype(array.dtype, jnp.floating) else None
+    if big is None:
+        big = jnp.iinfo(array.dtype).max
+    return max(array, axis, where=where, initial=-big) - min(array, axis, where=where, initial=big)
+
+
+def trace(
+    array: NamedArray, axis1: AxisSelector, axis2: AxisSelector, offset: int = 0, dtype: Any = None
+) -> NamedArray:
+    """Sum of the diagonal over (`axis1`, `axis2`); both axes are removed.
+
+    Args:
+        array: the array.
+        axis1: row axis.
+        axis2: column axis.
+        offset: diagonal offset (positive: above the main diagonal).
+        dtype: accumulation dtype.
+
+    >>> import meltemi.haliax as hax
+    >>> A, B = hax.Axis("a", 3), hax.Axis("b", 3)
+    >>> float(trace(hax.ones((A, B)), A, B).scalar())
+    3.0
+    """
+    i, j = array.axis_index(axis1), array.axis_index(axis2)
+    _check_unique([array.axes[i].name, array.axes[j].name], "trace axes")
+    out = jnp.trace(array.array, offset=offset, axis1=i, axis2=j, dtype=dtype)
+    return NamedArray(out, tuple(a for k, a in enumerate(array.axes) if k not in (i, j)))
 
 
 def logsumexp(array: NamedArray, axis: AxisSelection | None = None, *, where=None) -> NamedArray:
@@ -104,7 +161,7 @@ def logsumexp(array: NamedArray, axis: AxisSelection | None = None, *, where=Non
 
 
 def _make_arg(fn: Callable, name: str) -> Callable:
-    def arg(array: NamedArray, axis: AxisSelector | None) -> NamedArray:
+    def arg(array: NamedArray, axis: AxisSelector | None = None) -> NamedArray:
         if axis is None:
             return NamedArray(fn(array.array.reshape(-1)), ())
         i = array.axis_index(axis)
@@ -118,3 +175,5 @@ def _make_arg(fn: Callable, name: str) -> Callable:
 
 argmax = _make_arg(jnp.argmax, "argmax")
 argmin = _make_arg(jnp.argmin, "argmin")
+nanargmax = _make_arg(jnp.nanargmax, "nanargmax")
+nanargmin = _make_arg(jnp.nanargmin, "nanargmin")

@@ -10,12 +10,19 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import jax
+import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-__all__ = ["ScanCheckpointPolicy", "RematSpec", "CARRY_NAME", "offload_supported"]
+__all__ = [
+    "ScanCheckpointPolicy",
+    "RematSpec",
+    "CARRY_NAME",
+    "offload_supported",
+    "tree_checkpoint_name",
+]
 
 CARRY_NAME = "hax_scan_carry"
 _KINDS = ("none", "save_carries", "full", "offload")
@@ -116,3 +123,18 @@ def offload_supported() -> bool:
         return "pinned_host" in [m.kind for m in dev.addressable_memories()]
     except Exception:  # backends without memory introspection
         return False
+
+
+def tree_checkpoint_name(x: Any, name: str) -> Any:
+    """`jax.ad_checkpoint.checkpoint_name(leaf, name)` on every array leaf of a pytree, so a
+    policy with `save_names=(name,)` keeps (or offloads) all of them.
+
+    >>> import jax.numpy as jnp
+    >>> tree_checkpoint_name({"a": jnp.ones(3), "n": 1}, "h")["n"]
+    1
+    """
+
+    def tag(leaf):
+        return checkpoint_name(leaf, name) if isinstance(leaf, jax.Array | np.ndarray) else leaf
+
+    return jax.tree.map(tag, x)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +35,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from meltemi.haliax._core import Axis, NamedArray, _as_tuple
 from meltemi.haliax.nn._linear import Linear
@@ -49,6 +51,12 @@ __all__ = [
     "unstack_state_dict",
     "stack_state_dict",
     "with_prefix",
+    "ModuleWithStateDictSerialization",
+    "flatten_modules_for_export",
+    "unflatten_modules_from_export",
+    "to_numpy_state_dict",
+    "save_state_dict",
+    "load_state_dict",
 ]
 
 StateDict = dict[str, np.ndarray]
@@ -293,6 +301,13 @@ def from_state_dict(
 
     Arrays are cast to the template's dtypes. With `strict`, keys under `prefix` that the
     module does not use are an error.
+
+    Args:
+        template: the module to fill (may hold ShapeDtypeStructs).
+        state_dict: `{key: array}`.
+        prefix: key prefix of the module.
+        axis_order: `axis_order(key, template_array)` gives the stored axis order.
+        strict: fail on keys under `prefix` that the module does not use.
     """
     used: set = set()
     out = _load(template, prefix, state_dict, _Walk(False, False, axis_order), used)
@@ -303,7 +318,14 @@ def from_state_dict(
 def from_torch_compatible_state_dict(
     template: Any, state_dict: Mapping[str, Any], prefix: str | None = None, *, strict: bool = True
 ) -> Any:
-    """The inverse of `to_torch_compatible_state_dict`."""
+    """The inverse of `to_torch_compatible_state_dict`.
+
+    Args:
+        template: the module to fill.
+        state_dict: `{key: array}` in PyTorch layout.
+        prefix: key prefix of the module.
+        strict: fail on unused keys under `prefix`.
+    """
     used: set = set()
     out = _load(template, prefix, state_dict, _Walk(True, True, None), used)
     _finish(state_dict, used, prefix, strict)
@@ -342,3 +364,107 @@ def stack_state_dict(state_dict: Mapping[str, Any], prefix: str) -> StateDict:
             raise StateDictError(f"stack_state_dict: {prefix}.N.{rest} is missing layers {missing}")
         out[f"{prefix}.{rest}"] = np.stack([np.asarray(layers[i]) for i in range(n)])
     return out
+
+
+class ModuleWithStateDictSerialization(eqx.Module):
+    """A module base with Haliax's state-dict hooks.
+
+    Override `_state_dict_key_map` to rename fields, and `flatten_for_export` /
+    `unflatten_from_export` to change the array layout for PyTorch-style checkpoints (used by
+    `flatten_modules_for_export`). The defaults keep the module as it is.
+    """
+
+    def to_state_dict(self, prefix: str | None = None) -> StateDict:
+        return to_state_dict(self, prefix)
+
+    def from_state_dict(self, state_dict: StateDict, prefix: str | None = None) -> Any:
+        return from_state_dict(self, state_dict, prefix)
+
+    def _state_dict_key_map(self) -> dict[str, str | None]:
+        return {}
+
+    def flatten_for_export(self) -> Any:
+        """This module with its arrays in export layout (e.g. a Linear's axes flattened)."""
+        return self
+
+    def unflatten_from_export(self, template: Any) -> Any:
+        """The inverse of `flatten_for_export`; `template` has the original structure."""
+        del template
+        return self
+
+
+def _is_serializable(x: Any) -> bool:
+    return isinstance(x, ModuleWithStateDictSerialization)
+
+
+def flatten_modules_for_export(t: Any) -> Any:
+    """`t` with `flatten_for_export()` applied to every ModuleWithStateDictSerialization in it
+    (outermost first; then to the modules inside the result)."""
+
+    def visit(m: Any) -> Any:
+        if not _is_serializable(m):
+            return m
+        m = m.flatten_for_export()
+        return _map_children(visit, m)
+
+    return _map_modules(visit, t)
+
+
+def unflatten_modules_from_export(t: Any, template: Any) -> Any:
+    """The inverse of `flatten_modules_for_export`, guided by `template`'s structure."""
+
+    def visit(m: Any, tm: Any) -> Any:
+        if not _is_serializable(m):
+            return m
+        m = m.unflatten_from_export(tm)
+        return _map_children(visit, m, tm)
+
+    return _map_modules(visit, t, template)
+
+
+def _map_modules(fn: Callable, t: Any, *rest: Any) -> Any:
+    return jax.tree.map(fn, t, *rest, is_leaf=_is_serializable)
+
+
+def _map_children(fn: Callable, m: Any, *rest: Any) -> Any:
+    """`fn` on the serializable modules strictly inside `m` (not `m` itself)."""
+    return jax.tree.map(fn, m, *rest, is_leaf=lambda x: x is not m and _is_serializable(x))
+
+
+def to_numpy_state_dict(model: Any, prefix: str | None = None) -> StateDict:
+    """`to_state_dict` with every array gathered to this host as numpy (also arrays sharded
+    over several hosts, via `process_allgather`)."""
+
+    def to_host(x: Any) -> Any:
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return x
+
+    return to_state_dict(jax.tree.map(to_host, model), prefix)
+
+
+def save_state_dict(state_dict: Mapping[str, Any], path: str) -> None:
+    """Writes `state_dict` to a safetensors file (needs the `safetensors` package; only process
+    0 writes)."""
+    safetensors_numpy = _safetensors()
+    arrays = {
+        k: np.ascontiguousarray(np.asarray(v)) for k, v in state_dict.items() if v is not None
+    }
+    if jax.process_index() == 0:
+        safetensors_numpy.save_file(arrays, path, metadata={"format": "pt"})
+    multihost_utils.sync_global_devices(f"meltemi.haliax save_state_dict {path}")
+
+
+def load_state_dict(path: str) -> StateDict:
+    """Reads a safetensors file into `{key: np.ndarray}`."""
+    return dict(_safetensors().load_file(path))
+
+
+def _safetensors() -> Any:
+    try:
+        return importlib.import_module("safetensors.numpy")
+    except ImportError as e:
+        raise ImportError(
+            "save_state_dict/load_state_dict need the safetensors package: "
+            "pip install 'meltemi-haliax[safetensors]'"
+        ) from e

@@ -17,6 +17,7 @@ Family = Literal["llama", "qwen3", "mixtral", "qwen3_moe", "gpt2", "gemma"]
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")
 REMAT_POLICIES = ("none", "save_carries", "full", "offload")
 MOE_DISPATCH = ("dropless", "capacity")
+LOAD_BALANCING_SCOPES = ("all_layers", "per_layer")
 
 
 class ConfigError(ValueError):
@@ -116,6 +117,9 @@ class MoeConfig:
             num_experts` slots per sequence; overflow tokens skip the MLP).
         capacity_factor: slack of the capacity path.
         load_balancing_coef: weight of the load-balancing loss in `loss()`.
+        load_balancing_scope: `"all_layers"` (default; one loss over every layer's router
+            statistics, as `transformers` computes it, so HF- and Meltemi-trained models
+            optimise the same objective) or `"per_layer"` (the mean of per-layer losses).
         router_z_coef: weight of the router z-loss (mean squared logsumexp of router logits).
 
     >>> MoeConfig(num_experts=4, top_k=2, expert_dim=16).dispatch
@@ -130,6 +134,7 @@ class MoeConfig:
     capacity_factor: float = 1.25
     load_balancing_coef: float = 0.01
     router_z_coef: float = 0.001
+    load_balancing_scope: Literal["all_layers", "per_layer"] = "all_layers"
 
     def __post_init__(self) -> None:
         _check_positive_ints(self, ("num_experts", "top_k", "expert_dim"))
@@ -156,6 +161,14 @@ class MoeConfig:
                 self.capacity_factor,
                 "must be > 0",
                 "MoeConfig(..., capacity_factor=1.25)",
+            )
+        if self.load_balancing_scope not in LOAD_BALANCING_SCOPES:
+            _fail(
+                "MoeConfig",
+                "load_balancing_scope",
+                self.load_balancing_scope,
+                f"must be one of {LOAD_BALANCING_SCOPES}",
+                'MoeConfig(..., load_balancing_scope="all_layers")',
             )
         for name in ("load_balancing_coef", "router_z_coef"):
             if getattr(self, name) < 0:
@@ -215,6 +228,11 @@ class ModelConfig:
             block's `(query, key)` scores are alive instead of the whole `seq x seq` matrix;
             `None` never splits. Exact (each query row still sees every key); used only when
             it divides the sequence length.
+        loss_vocab_block: the training loss computes the output projection, cross-entropy and
+            z-loss this many vocabulary rows at a time (forward and backward), never holding
+            the full `(batch, position, vocab)` float32 logits; used when `vocab_size` exceeds
+            it (so by default for vocabularies above 8,192). `None` always builds the full
+            logits. Exact either way (same loss and gradients to float32 rounding).
         initializer_range: std of the normal initialiser of weight matrices.
         bos_token_id: kept for HF `config.json` round trips.
         eos_token_id: kept for HF `config.json` round trips; generation stops on it by default.
@@ -243,6 +261,7 @@ class ModelConfig:
     remat: str = "save_carries"
     scan_layers: bool = True
     attention_query_block: int | None = 512
+    loss_vocab_block: int | None = 8192
     initializer_range: float = 0.02
     bos_token_id: int | None = None
     eos_token_id: int | None = None
@@ -288,6 +307,8 @@ class ModelConfig:
                 object.__setattr__(self, "head_dim", None)
         if self.attention_query_block is not None:
             _check_positive_ints(self, ("attention_query_block",))
+        if self.loss_vocab_block is not None:
+            _check_positive_ints(self, ("loss_vocab_block",))
         if self.uses_rope and self.head_size % 2:
             _fail(
                 "ModelConfig",
@@ -377,6 +398,11 @@ class ModelConfig:
     @property
     def is_moe(self) -> bool:
         return self.moe is not None
+
+    @property
+    def blockwise_loss(self) -> bool:
+        """Whether the training loss runs over vocabulary blocks (`loss_vocab_block`)."""
+        return self.loss_vocab_block is not None and self.vocab_size > self.loss_vocab_block
 
     @property
     def q_heads_per_group(self) -> int:

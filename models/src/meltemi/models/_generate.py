@@ -1,14 +1,22 @@
-"""Autoregressive generation with a KV cache: batched prompts of different lengths, eos stop.
+"""Autoregressive generation as one compiled program: prefill, then the whole decode loop.
 
 Prompts are left-padded to a common length; each row keeps its own position ids (its first
 real token is position 0) and padded cache slots are masked out, so a prompt's continuation
-does not depend on what it was batched with.
+does not depend on what it was batched with. The prefill and a `jax.lax.while_loop` over the
+new tokens (sampling included, stopping when every row has emitted an eos id) run inside one
+`jit`; the host sees only the finished `(batch, new tokens)` array.
+
+Shapes are bucketed so a handful of compiles serve every request: the padded prompt length
+and the new-token budget are rounded up to powers of two (at least `MIN_BUCKET`), the batch to
+a power of two that the mesh's batch split divides. The budget itself is a traced value, so
+`max_new_tokens=37` and `=64` run the same program.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import equinox as eqx
 import jax
@@ -16,57 +24,151 @@ import jax.numpy as jnp
 import numpy as np
 
 import meltemi.haliax as hax
+import meltemi.haliax.nn as hnn
+from meltemi.haliax import partitioning
 from meltemi.models._axes import BATCH, KEY_POSITION, POSITION
 from meltemi.models._config import ConfigError
-from meltemi.models._sampling import SamplingConfig, sample
+from meltemi.models._layers import constrain
+from meltemi.models._sampling import SamplingConfig, sample_rows
 from meltemi.models._transformer import Transformer
 
 GREEDY = SamplingConfig()
+MIN_BUCKET = 16
+"""Smallest padded prompt length and new-token budget (shorter ones share its program)."""
+
+_CACHE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def bucket(n: int, minimum: int = MIN_BUCKET, multiple: int = 1) -> int:
+    """The bucket `n` is padded to: the next power of two >= `max(n, minimum)`, rounded up
+    to a multiple of `multiple`.
+
+    >>> [bucket(n) for n in (1, 16, 17, 100)], bucket(3, 1, multiple=8)
+    ([16, 16, 32, 128], 8)
+    """
+    size = 1 << (max(n, minimum) - 1).bit_length()
+    return -(-size // multiple) * multiple
 
 
 def _named(arr: jax.Array) -> hax.NamedArray:
     return hax.named(arr, (hax.Axis(BATCH, arr.shape[0]), hax.Axis(POSITION, arr.shape[1])))
 
 
-@eqx.filter_jit
-def _prefill(model, tokens, positions, kv_valid, cache, key, sampling):
-    valid = hax.named(
-        kv_valid, (hax.Axis(BATCH, kv_valid.shape[0]), cache.k.resolve_axis(KEY_POSITION))
-    )
+def _decode_loop(
+    model: Transformer,
+    tokens: jax.Array,
+    pads: jax.Array,
+    max_new: jax.Array,
+    eos: jax.Array,
+    key: jax.Array,
+    pad_token_id: jax.Array,
+    sampling: SamplingConfig,
+    new_bucket: int,
+    cache_dtype: Any,
+) -> tuple[jax.Array, jax.Array]:
+    """Prefill `tokens` (left-padded by `pads`), then decode up to `max_new` tokens per row.
+
+    Returns the `(batch, new_bucket)` new tokens (`pad_token_id` after a row's eos and past
+    `max_new`) and the number of decode steps run.
+    """
+    batch, prompt_len = tokens.shape
+    if isinstance(model.blocks, hnn.Stacked):
+        # Unstack the layers once, before the loop: each step then reads every layer's weights
+        # where they are (slicing a stacked layer inside the loop copies it at every step on
+        # CPU). This holds a second copy of the block weights for the duration of the call.
+        blocks = model.blocks
+        unstacked = hnn.BlockSeq(blocks.unstacked(), blocks.Block, blocks.gradient_checkpointing)
+        model = eqx.tree_at(lambda m: m.blocks, model, unstacked)
+    slots = prompt_len + new_bucket
+    KPos = hax.Axis(KEY_POSITION, slots)  # noqa: N806
+    # Padded slots never hold a real key; slots after the current one are masked by causality,
+    # so this mask is the same for every step.
+    valid = hax.named(jnp.arange(slots)[None, :] >= pads[:, None], (hax.Axis(BATCH, batch), KPos))
+    cache = model.init_cache(batch, slots, cache_dtype, per_layer=True)
+    cache = jax.tree.map(constrain, cache, is_leaf=lambda x: isinstance(x, hax.NamedArray))
+    positions = jnp.maximum(jnp.arange(prompt_len)[None, :] - pads[:, None], 0)
     logits, cache = model.decode(
         _named(tokens), cache, positions=_named(positions), cache_index=0, kv_valid=valid
     )
     last = logits.rearrange((BATCH, POSITION, "vocab")).array[:, -1, :]
-    return sample(last, key, sampling), cache
+    first = sample_rows(last, key, 0, sampling)
+    out = jnp.full((batch, new_bucket), pad_token_id, jnp.int32).at[:, 0].set(first)
+    done = jnp.isin(first, eos)
+    lengths = prompt_len - pads
+
+    def cond(state):
+        t, _, _, done, _ = state
+        return (t < max_new) & ~jnp.all(done)
+
+    def body(state):
+        t, cache, token, done, out = state
+        logits, cache = model.decode(
+            _named(token[:, None]),
+            cache,
+            positions=_named((lengths + t - 1)[:, None]),
+            cache_index=prompt_len + t - 1,
+            kv_valid=valid,
+        )
+        nxt = sample_rows(
+            logits.rearrange((BATCH, POSITION, "vocab")).array[:, 0], key, t, sampling
+        )
+        nxt = jnp.where(done, pad_token_id, nxt)
+        out = jax.lax.dynamic_update_slice(out, nxt[:, None], (0, t))
+        return t + 1, cache, nxt, done | jnp.isin(nxt, eos), out
+
+    state = (jnp.asarray(1, jnp.int32), cache, first, done, out)
+    steps, _, _, _, out = jax.lax.while_loop(cond, body, state)
+    return out, steps
 
 
 @eqx.filter_jit
-def _step(model, token, position, index, kv_valid, cache, key, sampling):
-    kv_valid = kv_valid.at[:, index].set(True)
-    valid = hax.named(
-        kv_valid, (hax.Axis(BATCH, kv_valid.shape[0]), cache.k.resolve_axis(KEY_POSITION))
-    )
-    logits, cache = model.decode(
-        _named(token[:, None]),
-        cache,
-        positions=_named(position[:, None]),
-        cache_index=index,
-        kv_valid=valid,
-    )
-    return (
-        sample(logits.rearrange((BATCH, POSITION, "vocab")).array[:, 0, :], key, sampling),
-        cache,
-        kv_valid,
-    )
+def _compiled(model, tokens, pads, max_new, eos, key, pad_token_id, static):
+    sampling, new_bucket, cache_dtype, mapping = static
+    # The axis mapping is read at trace time; it is part of `static`, hence of the jit key.
+    context = contextlib.nullcontext() if mapping is None else hax.axis_mapping(dict(mapping))
+    with context:
+        return _decode_loop(
+            model, tokens, pads, max_new, eos, key, pad_token_id, sampling, new_bucket, cache_dtype
+        )
 
 
 @eqx.filter_jit
-def _recompute(model, tokens, segment_ids, positions, index, key, sampling):
+def _recompute(model, tokens, segment_ids, positions, index, key, step, sampling):
     logits = model(tokens, segment_ids=segment_ids, positions=positions)
     row = jax.lax.dynamic_index_in_dim(
         logits.rearrange((BATCH, POSITION, "vocab")).array, index, axis=1, keepdims=False
     )
-    return sample(row, key, sampling)
+    return sample_rows(row, key, step, sampling)
+
+
+def _eos_ids(eos: int | Sequence[int] | None) -> np.ndarray:
+    ids = [] if eos is None else [eos] if isinstance(eos, int | np.integer) else list(eos)
+    # Padded with -1 (never emitted) to a power of two, so lists of 1-4 ids share a program.
+    return np.array(ids + [-1] * (bucket(len(ids), 4) - len(ids)), np.int32)
+
+
+def _batch_multiple() -> int:
+    """How many ways the active axis mapping splits `batch` on the current mesh."""
+    if partitioning.current_thread_local_mapping() is None:
+        return 1
+    return partitioning.physical_axis_size(BATCH)
+
+
+def _frozen_mapping() -> tuple | None:
+    mapping = partitioning.current_thread_local_mapping()
+    if mapping is None:
+        return None
+    return tuple(
+        sorted((k, v if v is None or isinstance(v, str) else tuple(v)) for k, v in mapping.items())
+    )
+
+
+def _cut(row: np.ndarray, n: int, eos: np.ndarray) -> list[int]:
+    out = row[:n].tolist()
+    for i, tok in enumerate(out):
+        if tok in eos:
+            return out[: i + 1]
+    return out
 
 
 def generate(
@@ -79,8 +181,15 @@ def generate(
     key: jax.Array | None = None,
     pad_token_id: int = 0,
     use_cache: bool = True,
+    cache_dtype: Any = None,
 ) -> list[list[int]]:
     """Continues each prompt by up to `max_new_tokens` tokens.
+
+    With the cache (default), prefill and the whole decode loop are one compiled program;
+    lengths are bucketed (see the module docstring), so new lengths rarely compile. Under
+    `jax.set_mesh(mesh)` and `hax.axis_mapping(...)` a sharded model generates sharded: the
+    KV cache and activations follow the mapping (`batch` over the data axes, `kv_heads` over
+    the tensor axis, ...).
 
     Args:
         model: the model.
@@ -90,10 +199,14 @@ def generate(
         eos_token_id: stop a row after it emits this id (or any of these ids); `"config"`
             (default): `model.config.eos_token_id`; `None`: never stop early. The eos token
             is included in the output.
-        key: PRNG key, required unless greedy.
+        key: PRNG key, required unless greedy. Row `b`'s token `t` is drawn with
+            `fold_in(fold_in(key, t), b)`, so a fixed key reproduces the output whatever the
+            batch is padded to.
         pad_token_id: filler for padding and finished rows (never attended to).
         use_cache: decode with the KV cache (default), or recompute the whole sequence at each
-            step (slow; a reference for tests and benchmarks).
+            step in a Python loop (slow; a reference for tests and benchmarks).
+        cache_dtype: dtype of the KV cache (`jnp.bfloat16` or `"bfloat16"` halves its memory);
+            default: the embeddings' dtype.
 
     Returns:
         The generated tokens of each prompt (without the prompt).
@@ -113,70 +226,65 @@ def generate(
     if max_new_tokens < 1:
         raise ConfigError(f"generate: max_new_tokens={max_new_tokens} must be >= 1")
     config = model.config
-    eos = config.eos_token_id if eos_token_id == "config" else eos_token_id
-    eos_ids = set() if eos is None else ({eos} if isinstance(eos, int) else set(eos))
+    eos = _eos_ids(config.eos_token_id if eos_token_id == "config" else eos_token_id)
     if not sampling.greedy and key is None:
         raise ConfigError(
             f"generate: sampling with temperature={sampling.temperature} needs key=..., e.g. "
             "key=jax.random.key(0)"
         )
+    if isinstance(cache_dtype, str):
+        if cache_dtype not in _CACHE_DTYPES:
+            raise ConfigError(
+                f"generate: cache_dtype={cache_dtype!r} is not one of {sorted(_CACHE_DTYPES)}; "
+                "e.g. cache_dtype='bfloat16'"
+            )
+        cache_dtype = _CACHE_DTYPES[cache_dtype]
     key = jax.random.key(0) if key is None else key
+    longest = max(len(p) for p in prompts)
+    if longest + max_new_tokens > config.max_seq_len:
+        raise ConfigError(
+            f"generate: prompt length + max_new_tokens = {longest + max_new_tokens} exceeds the "
+            f"model's max_seq_len={config.max_seq_len}; shorten the prompt or lower "
+            "max_new_tokens"
+        )
+    if not use_cache:
+        return _generate_recompute(model, prompts, max_new_tokens, sampling, eos, key, pad_token_id)
+    batch = bucket(len(prompts), 1, multiple=_batch_multiple())
+    width = bucket(longest)
+    tokens = np.full((batch, width), pad_token_id, np.int32)
+    pads = np.full(batch, width - 1, np.int32)  # filler rows: one pad token as the prompt
+    for b, p in enumerate(prompts):
+        tokens[b, width - len(p) :] = np.asarray(p, np.int32)
+        pads[b] = width - len(p)
+    static = (sampling, bucket(max_new_tokens), cache_dtype, _frozen_mapping())
+    out, _ = _compiled(
+        model,
+        tokens,
+        pads,
+        np.asarray(max_new_tokens, np.int32),
+        eos,
+        key,
+        np.asarray(pad_token_id, np.int32),
+        static,
+    )
+    out = np.asarray(out)
+    return [_cut(out[b], max_new_tokens, eos) for b in range(len(prompts))]
+
+
+def _generate_recompute(model, prompts, max_new_tokens, sampling, eos, key, pad_token_id):
+    """The reference path: the full sequence through the model at every step (no cache)."""
     batch = len(prompts)
     longest = max(len(p) for p in prompts)
     total = longest + max_new_tokens
-    if total > config.max_seq_len:
-        raise ConfigError(
-            f"generate: prompt length + max_new_tokens = {total} exceeds the model's "
-            f"max_seq_len={config.max_seq_len}; shorten the prompt or lower max_new_tokens"
-        )
     pads = np.array([longest - len(p) for p in prompts])
     tokens = np.full((batch, total), pad_token_id, np.int32)
     for b, p in enumerate(prompts):
         tokens[b, pads[b] : longest] = np.asarray(p, np.int32)
     slots = np.arange(total)[None, :]
     positions = np.maximum(slots - pads[:, None], 0).astype(np.int32)
-    real = slots >= pads[:, None]
-
+    segment_ids = np.where(slots >= pads[:, None], 0, -1).astype(np.int32)
     out: list[list[int]] = [[] for _ in prompts]
     done = np.zeros(batch, bool)
-
-    def record(next_tokens: np.ndarray) -> None:
-        for b in range(batch):
-            if not done[b]:
-                out[b].append(int(next_tokens[b]))
-                done[b] = int(next_tokens[b]) in eos_ids
-
-    keys = jax.random.split(key, max_new_tokens)
-    if use_cache:
-        cache = model.init_cache(batch, total)
-        kv_valid = jnp.asarray(real & (slots < longest))
-        nxt, cache = _prefill(
-            model,
-            jnp.asarray(tokens[:, :longest]),
-            jnp.asarray(positions[:, :longest]),
-            kv_valid,
-            cache,
-            keys[0],
-            sampling,
-        )
-        for t in range(max_new_tokens):
-            nxt_np = np.asarray(nxt)
-            record(nxt_np)
-            if done.all() or t == max_new_tokens - 1:
-                break
-            tok = np.where(done, pad_token_id, nxt_np).astype(np.int32)
-            nxt, cache, kv_valid = _step(
-                model,
-                jnp.asarray(tok),
-                jnp.asarray(positions[:, longest + t]),
-                jnp.asarray(longest + t, jnp.int32),
-                kv_valid,
-                cache,
-                keys[t + 1],
-                sampling,
-            )
-        return out
-    segment_ids = np.where(real, 0, -1).astype(np.int32)
     for t in range(max_new_tokens):
         nxt = np.asarray(
             _recompute(
@@ -185,12 +293,16 @@ def generate(
                 jnp.asarray(segment_ids),
                 jnp.asarray(positions),
                 jnp.asarray(longest - 1 + t, jnp.int32),
-                keys[t],
+                key,
+                jnp.asarray(t, jnp.int32),
                 sampling,
             )
         )
-        record(nxt)
-        if done.all() or t == max_new_tokens - 1:
+        for b in range(batch):
+            if not done[b]:
+                out[b].append(int(nxt[b]))
+                done[b] = int(nxt[b]) in eos
+        if done.all():
             break
         tokens[:, longest + t] = np.where(done, pad_token_id, nxt)
     return out

@@ -100,13 +100,14 @@ def to_hf_config(config: ModelConfig) -> dict[str, Any]:
         max_position_embeddings=config.max_seq_len,
         hidden_act=_act_to_hf(config),
         rms_norm_eps=config.norm_eps,
-        attention_bias=False,
         # transformers >= 5 reads rope_parameters; older releases read rope_theta/rope_scaling.
         rope_parameters=rope,
         rope_theta=config.rope.theta,
     )
     if config.rope.is_llama3:
         out["rope_scaling"] = dict(rope)
+    if config.family in ("llama", "qwen3", "qwen3_moe", "gemma"):
+        out["attention_bias"] = False  # Mixtral's config has no such option
     if config.family == "llama":
         out["mlp_bias"] = False
     moe = config.moe

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import meltemi.haliax as hax
 import meltemi.haliax.nn as hnn
 from meltemi.haliax import random as hrandom
+from meltemi.models import _moe_ep as moe_ep
 from meltemi.models import _moe_kernels as K
 from meltemi.models._axes import BATCH, EMBED, EXPERTS, MLP, POSITION, ModelAxes
 from meltemi.models._config import ModelConfig, MoeConfig
@@ -27,8 +28,9 @@ class MoeMlp(eqx.Module):
     layout, one matrix per expert).
 
     Calling it on `(batch, position, embed)` returns the output and a dict of per-layer
-    statistics: `load_balancing`, `router_z` and `dropped` (fraction of assignments dropped by
-    the capacity path; always 0 for the dropless one).
+    statistics: `expert_fraction` and `router_prob` (`[experts]`, what the load-balancing
+    loss is made of), `router_z` and `dropped` (fraction of assignments dropped by the
+    capacity path; always 0 for the dropless one).
     """
 
     router: hnn.Linear
@@ -55,12 +57,33 @@ class MoeMlp(eqx.Module):
     ) -> tuple[hax.NamedArray, dict[str, jax.Array]]:
         x = x.rearrange((BATCH, POSITION, EMBED))
         batch, seq, d = x.array.shape
-        logits = self.router(x).astype(jnp.float32).rearrange((BATCH, POSITION, EXPERTS))
+        # Pinned to the batch split: with `experts` mapped to a mesh axis the router weight is
+        # expert-sharded, and XLA would otherwise gather every token's logits instead.
+        logits = constrain(self.router(x).astype(jnp.float32).rearrange((BATCH, POSITION, EXPERTS)))
+        act = raw_activation(self.act)
+        ep = moe_ep.plan(x, self.moe.num_experts)
+        if ep is not None:
+            # Expert parallelism: route locally, all-to-all to the experts' devices and back.
+            capacity = seq if self.moe.dispatch == "dropless" else self.moe.capacity(seq)
+            out, kept, probs, experts = moe_ep.moe(
+                ep,
+                x.array,
+                logits.array,
+                self.gate_proj.rearrange((EXPERTS, EMBED, MLP)).array,
+                self.up_proj.rearrange((EXPERTS, EMBED, MLP)).array,
+                self.down_proj.rearrange((EXPERTS, MLP, EMBED)).array,
+                act,
+                top_k=self.moe.top_k,
+                normalize=self.moe.norm_topk_prob,
+                capacity=capacity,
+            )
+            y = hax.named(out, x.axes)
+            dropped = jnp.mean(jnp.logical_not(kept).astype(jnp.float32))
+            return y, self._stats(logits.array, probs, experts, dropped, token_mask)
         probs, weights, experts = K.route(
             logits.array, self.moe.top_k, normalize=self.moe.norm_topk_prob
         )
         weights = weights.astype(x.dtype)
-        act = raw_activation(self.act)
         if self.moe.dispatch == "dropless":
             out = K.dropless(
                 x.array.reshape(-1, d),
@@ -76,15 +99,29 @@ class MoeMlp(eqx.Module):
         else:
             y, kept = self._capacity(x, weights, experts)
             dropped = jnp.mean(jnp.logical_not(kept).astype(jnp.float32))
+        return y, self._stats(logits.array, probs, experts, dropped, token_mask)
+
+    def _stats(
+        self,
+        logits: jax.Array,
+        probs: jax.Array,
+        experts: jax.Array,
+        dropped: jax.Array,
+        token_mask: hax.NamedArray | None,
+    ) -> dict[str, jax.Array]:
         mask = None if token_mask is None else token_mask.rearrange((BATCH, POSITION)).array
-        load_balancing, router_z = K.aux_losses(
-            logits.array.reshape(-1, logits.array.shape[-1]),
+        fraction, mean_prob, router_z = K.router_statistics(
+            logits.reshape(-1, logits.shape[-1]),
             probs.reshape(-1, probs.shape[-1]),
             experts.reshape(-1, self.moe.top_k),
             None if mask is None else mask.reshape(-1),
         )
-        stats = {"load_balancing": load_balancing, "router_z": router_z, "dropped": dropped}
-        return y, stats
+        return {
+            "expert_fraction": fraction,
+            "router_prob": mean_prob,
+            "router_z": router_z,
+            "dropped": dropped,
+        }
 
     def _capacity(
         self, x: hax.NamedArray, weights: jax.Array, experts: jax.Array

@@ -117,28 +117,45 @@ def capacity_dispatch(
     return dispatch, combine, kept
 
 
-def aux_losses(
+def router_statistics(
     logits: jax.Array, probs: jax.Array, experts: jax.Array, mask: jax.Array | None
-) -> tuple[jax.Array, jax.Array]:
-    """Load-balancing loss and router z-loss over the (unmasked) tokens.
-
-    The load-balancing loss is Hugging Face's (Switch Transformer) form,
-    `E * sum_e f_e * P_e`, with `f_e` the fraction of tokens routed to `e` (summed over the
-    k slots) and `P_e` the mean router probability; it is `top_k` when routing is uniform.
-    The z-loss is the mean squared logsumexp of the router logits.
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One layer's routing statistics over the (unmasked) tokens.
 
     Args:
         logits, probs: `[T, E]`.
         experts: `[T, K]`.
         mask: `[T]` bool, tokens that count (`None`: all).
+
+    Returns:
+        `(fraction [E], mean_prob [E], router_z)`: the fraction of tokens routed to each
+        expert (summed over the k slots, so it sums to k), the mean router probability of each
+        expert, and the router z-loss (mean squared logsumexp of the logits).
     """
     num_experts = logits.shape[-1]
     m = jnp.ones(logits.shape[:1], jnp.float32) if mask is None else mask.astype(jnp.float32)
     denom = jnp.maximum(jnp.sum(m), 1.0)
     counts = jnp.sum(jax.nn.one_hot(experts, num_experts, dtype=jnp.float32), axis=1)  # [T, E]
-    f = jnp.sum(counts * m[:, None], axis=0) / denom
-    p = jnp.sum(probs * m[:, None], axis=0) / denom
-    load_balancing = num_experts * jnp.sum(f * p)
+    fraction = jnp.sum(counts * m[:, None], axis=0) / denom
+    mean_prob = jnp.sum(probs * m[:, None], axis=0) / denom
     z = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
     router_z = jnp.sum(z**2 * m) / denom
-    return load_balancing, router_z
+    return fraction, mean_prob, router_z
+
+
+def load_balancing_loss(fraction: jax.Array, mean_prob: jax.Array, *, scope: str) -> jax.Array:
+    """The Switch Transformer load-balancing loss `E * sum_e f_e * P_e` from per-layer stats.
+
+    Args:
+        fraction, mean_prob: `[L, E]` per-layer statistics of `router_statistics`.
+        scope: `"all_layers"` pools every layer's tokens first (one loss over all layers'
+            router logits, as `transformers`' `load_balancing_loss_func`); `"per_layer"`
+            computes the loss per layer and averages it.
+
+    It is `top_k` when routing is uniform, in either scope.
+    """
+    num_experts = fraction.shape[-1]
+    if scope == "all_layers":
+        # Every layer sees the same tokens (same mask), so pooling = averaging the fractions.
+        return num_experts * jnp.sum(jnp.mean(fraction, 0) * jnp.mean(mean_prob, 0))
+    return jnp.mean(num_experts * jnp.sum(fraction * mean_prob, axis=-1))

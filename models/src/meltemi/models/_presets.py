@@ -53,7 +53,8 @@ _PRESETS: dict[str, ModelConfig] = {
         vocab_size=32_000,
         max_seq_len=32_768,
         rope=RopeConfig(theta=1_000_000.0),
-        moe=MoeConfig(num_experts=8, top_k=2, expert_dim=14336),
+        # router_aux_loss_coef of the published Mixtral-8x7B-v0.1 config.json
+        moe=MoeConfig(num_experts=8, top_k=2, expert_dim=14336, load_balancing_coef=0.02),
         bos_token_id=1,
         eos_token_id=2,
     ),
@@ -70,7 +71,8 @@ _PRESETS: dict[str, ModelConfig] = {
         norm_eps=1e-6,
         rope=RopeConfig(theta=1_000_000.0),
         qk_norm=True,
-        moe=MoeConfig(num_experts=128, top_k=8, expert_dim=768),
+        # router_aux_loss_coef of the published Qwen3-30B-A3B config.json
+        moe=MoeConfig(num_experts=128, top_k=8, expert_dim=768, load_balancing_coef=0.001),
         bos_token_id=151_643,
         eos_token_id=151_645,
     ),

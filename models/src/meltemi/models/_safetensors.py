@@ -1,35 +1,46 @@
-"""Sharded safetensors I/O with a `model.safetensors.index.json`, in plain numpy.
+"""Safetensors checkpoints: lazy, sliced reads through the `safetensors` package and streamed
+writes of `model-0000k-of-0000n.safetensors` shards with `model.safetensors.index.json`.
 
-The format is an 8-byte little-endian header length, a JSON header mapping each tensor name to
-`{"dtype", "shape", "data_offsets"}` (plus an optional `__metadata__` of strings), then the raw
-little-endian bytes. Reading memory-maps the files, so a tensor is only paged in when used.
+Reading opens a file with `safe_open(path, framework="numpy")` for each read and reads only the
+requested slice (`get_slice`), so no file stays memory-mapped between reads: the process never
+holds more of a checkpoint than the piece it is copying. Writing streams one tensor at a time:
+the shard plan and every header are computed from shapes and dtypes alone, then each tensor is
+produced, written and dropped. (The `safetensors` package can only write a whole in-memory
+dict, hence the writer here; what it writes is read back by the package in the tests.)
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import math
 import os
 import pathlib
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import jax.numpy as jnp
+import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, which safe_open needs for BF16)
 import numpy as np
+from safetensors import SafetensorError, safe_open
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 DEFAULT_SHARD_BYTES = 5 * 1024**3
 
-_DTYPES: dict[str, Any] = {
+_DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype("<f8"),
     "F32": np.dtype("<f4"),
     "F16": np.dtype("<f2"),
-    "BF16": np.dtype(jnp.bfloat16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
     "I64": np.dtype("<i8"),
     "I32": np.dtype("<i4"),
     "I16": np.dtype("<i2"),
     "I8": np.dtype("i1"),
+    "U64": np.dtype("<u8"),
+    "U32": np.dtype("<u4"),
+    "U16": np.dtype("<u2"),
     "U8": np.dtype("u1"),
     "BOOL": np.dtype("bool"),
 }
@@ -43,131 +54,29 @@ class SafetensorsError(ValueError):
 SafetensorsError.__module__ = "meltemi.models"
 
 
-def _header(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None) -> bytes:
-    header: dict[str, Any] = {}
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    offset = 0
-    for name, array in tensors.items():
-        if array.dtype not in _NAMES:
-            raise SafetensorsError(
-                f"tensor {name!r} has dtype {array.dtype}, which safetensors cannot store; "
-                f"cast it to one of {sorted(str(d) for d in _NAMES)}"
-            )
-        header[name] = {
-            "dtype": _NAMES[array.dtype],
-            "shape": list(array.shape),
-            "data_offsets": [offset, offset + array.nbytes],
-        }
-        offset += array.nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    return raw + b" " * (-len(raw) % 8)  # align the data section to 8 bytes
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """Where a checkpoint tensor lives and what it is (no data)."""
+
+    file: pathlib.Path
+    shape: tuple[int, ...]
+    dtype: np.dtype
 
 
-def write_file(
-    path: str | os.PathLike, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None
-) -> None:
-    """Writes `tensors` (name -> array-like) to one safetensors file.
+@contextlib.contextmanager
+def _open(path: pathlib.Path) -> Iterator[Any]:
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            yield f
+    except SafetensorError as e:
+        raise SafetensorsError(f"{path}: not a readable safetensors file ({e})") from e
 
-    >>> import tempfile, numpy as np
-    >>> p = tempfile.mkdtemp() + "/x.safetensors"
-    >>> write_file(p, {"w": np.arange(6, dtype=np.float32).reshape(2, 3)})
-    >>> read_file(p)["w"].tolist()
-    [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+
+class Checkpoint:
+    """The tensors of a checkpoint directory (index + shards, or one `model.safetensors`).
+
+    Only headers are read on construction; `read(name, index)` reads one slice.
     """
-    arrays = {k: np.ascontiguousarray(np.asarray(v)) for k, v in tensors.items()}
-    arrays = {k: v.astype(v.dtype.newbyteorder("<")) for k, v in arrays.items()}
-    header = _header(arrays, metadata)
-    tmp = pathlib.Path(str(path) + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(header)))
-        f.write(header)
-        for array in arrays.values():
-            f.write(array.tobytes())
-    os.replace(tmp, path)
-
-
-def read_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Memory-maps every tensor of one safetensors file (read-only numpy arrays)."""
-    path = pathlib.Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        if n > size - 8:
-            raise SafetensorsError(f"{path}: header length {n} exceeds the file size {size}")
-        try:
-            header = json.loads(f.read(n))
-        except json.JSONDecodeError as e:
-            raise SafetensorsError(f"{path}: header is not JSON ({e})") from e
-    header.pop("__metadata__", None)
-    out: dict[str, np.ndarray] = {}
-    if not header:
-        return out
-    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n)
-    for name, info in header.items():
-        if info["dtype"] not in _DTYPES:
-            raise SafetensorsError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
-        start, end = info["data_offsets"]
-        dtype = _DTYPES[info["dtype"]]
-        shape = tuple(info["shape"])
-        if end - start != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
-            raise SafetensorsError(f"{path}: tensor {name!r} byte range does not match its shape")
-        out[name] = data[start:end].view(dtype).reshape(shape)
-    return out
-
-
-def _shards(tensors: Mapping[str, np.ndarray], max_bytes: int) -> list[list[str]]:
-    shards: list[list[str]] = [[]]
-    used = 0
-    for name, array in tensors.items():
-        if shards[-1] and used + array.nbytes > max_bytes:
-            shards.append([])
-            used = 0
-        shards[-1].append(name)
-        used += array.nbytes
-    return shards
-
-
-def write_sharded(
-    directory: str | os.PathLike,
-    tensors: Mapping[str, Any],
-    *,
-    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
-    metadata: Mapping[str, str] | None = None,
-) -> list[str]:
-    """Writes `model-0000k-of-0000n.safetensors` shards and `model.safetensors.index.json`.
-
-    Returns the shard file names. Tensors keep their insertion order; a shard is closed
-    before it would exceed `max_shard_bytes` (a single larger tensor gets a shard of its own).
-
-    >>> import tempfile, numpy as np
-    >>> d = tempfile.mkdtemp()
-    >>> write_sharded(d, {"a": np.zeros(4, np.float32), "b": np.ones(4, np.float32)},
-    ...               max_shard_bytes=16)
-    ['model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors']
-    >>> sorted(read_sharded(d))
-    ['a', 'b']
-    """
-    directory = pathlib.Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    arrays = {k: np.asarray(v) for k, v in tensors.items()}
-    groups = _shards(arrays, max_shard_bytes)
-    names = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
-    weight_map = {}
-    meta = {"format": "pt", **(metadata or {})}
-    for file_name, group in zip(names, groups, strict=True):
-        write_file(directory / file_name, {k: arrays[k] for k in group}, meta)
-        weight_map.update(dict.fromkeys(group, file_name))
-    index = {
-        "metadata": {"total_size": int(sum(a.nbytes for a in arrays.values()))},
-        "weight_map": weight_map,
-    }
-    (directory / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    return names
-
-
-class ShardedReader(Mapping[str, np.ndarray]):
-    """Read-only mapping over the tensors of a checkpoint directory (index or single file)."""
 
     def __init__(self, directory: str | os.PathLike):
         self.directory = pathlib.Path(directory)
@@ -178,37 +87,161 @@ class ShardedReader(Mapping[str, np.ndarray]):
                 weight_map = json.loads(index.read_text())["weight_map"]
             except (json.JSONDecodeError, KeyError) as e:
                 raise SafetensorsError(f"{index}: not a safetensors index ({e!r})") from e
+            files = sorted(set(weight_map.values()))
         elif single.exists():
-            weight_map = dict.fromkeys(read_file(single), SINGLE_NAME)
+            weight_map, files = None, [SINGLE_NAME]
         else:
             raise SafetensorsError(
                 f"{self.directory} holds neither {INDEX_NAME} nor {SINGLE_NAME}; "
                 "is it a Hugging Face checkpoint directory?"
             )
-        missing = sorted({f for f in weight_map.values() if not (self.directory / f).exists()})
+        missing = [f for f in files if not (self.directory / f).exists()]
         if missing:
             raise SafetensorsError(f"{index}: shard files {missing} are missing")
-        self._weight_map: dict[str, str] = weight_map
-        self._files: dict[str, dict[str, np.ndarray]] = {}
+        self.tensors: dict[str, TensorInfo] = {}
+        for file_name in files:
+            path = self.directory / file_name
+            with _open(path) as f:
+                for name in f.keys():
+                    piece = f.get_slice(name)
+                    kind = piece.get_dtype()
+                    if kind not in _DTYPES:
+                        raise SafetensorsError(
+                            f"{path}: tensor {name!r} has dtype {kind}, which meltemi.models "
+                            f"cannot load (supported: {sorted(_DTYPES)}); convert the "
+                            "checkpoint, e.g. to bfloat16"
+                        )
+                    self.tensors[name] = TensorInfo(path, tuple(piece.get_shape()), _DTYPES[kind])
+        if weight_map is not None:
+            absent = sorted(k for k, f in weight_map.items() if k not in self.tensors)
+            if absent:
+                raise SafetensorsError(f"{index} lists tensors no shard holds: {absent[:5]}")
 
-    def __getitem__(self, name: str) -> np.ndarray:
-        file_name = self._weight_map[name]
-        if file_name not in self._files:
-            self._files[file_name] = read_file(self.directory / file_name)
-        try:
-            return self._files[file_name][name]
-        except KeyError:
-            raise SafetensorsError(
-                f"{self.directory / file_name} lacks tensor {name!r} listed in the index"
-            ) from None
+    def __contains__(self, name: object) -> bool:
+        return name in self.tensors
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._weight_map)
+        return iter(self.tensors)
 
-    def __len__(self) -> int:
-        return len(self._weight_map)
+    def read(self, name: str, index: tuple[slice, ...] = ()) -> np.ndarray:
+        """Tensor `name`, or the block `index` (one slice per leading dimension) of it."""
+        info = self.tensors[name]
+        if 0 in info.shape:  # the package cannot slice an empty tensor
+            return np.zeros(info.shape, info.dtype)[index]
+        with _open(info.file) as f:
+            piece = f.get_slice(name)
+            out = piece[index] if index else piece[:]
+        return np.asarray(out, dtype=info.dtype)
 
 
-def read_sharded(directory: str | os.PathLike) -> ShardedReader:
-    """A lazy name -> array mapping over a checkpoint directory's safetensors."""
-    return ShardedReader(directory)
+def read_all(directory: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every tensor of a checkpoint directory, whole (for tests and small checkpoints)."""
+    ckpt = Checkpoint(directory)
+    return {name: ckpt.read(name) for name in ckpt}
+
+
+# -- writing ----------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class PendingTensor:
+    """A tensor to write: its name, shape and dtype, and a function that produces it."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    produce: Callable[[], np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def _header(group: Sequence[PendingTensor], metadata: dict[str, str]) -> bytes:
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for t in group:
+        if t.dtype not in _NAMES:
+            raise SafetensorsError(
+                f"tensor {t.name!r} has dtype {t.dtype}, which safetensors cannot store; "
+                f"cast it to one of {sorted(str(d) for d in _NAMES)}"
+            )
+        header[t.name] = {
+            "dtype": _NAMES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + t.nbytes],
+        }
+        offset += t.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    return raw + b" " * (-len(raw) % 8)  # align the data section to 8 bytes
+
+
+def _write_file(path: pathlib.Path, group: Sequence[PendingTensor], metadata: dict) -> None:
+    header = _header(group, metadata)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(header)))
+        f.write(header)
+        for t in group:
+            array = np.ascontiguousarray(t.produce(), dtype=t.dtype.newbyteorder("<"))
+            if array.shape != t.shape:
+                raise SafetensorsError(f"{t.name}: produced shape {array.shape}, planned {t.shape}")
+            f.write(array.view(np.uint8).data if array.size else b"")
+            del array
+    os.replace(tmp, path)
+
+
+def _plan(tensors: Sequence[PendingTensor], max_bytes: int) -> list[list[PendingTensor]]:
+    shards: list[list[PendingTensor]] = [[]]
+    used = 0
+    for t in tensors:
+        if shards[-1] and used + t.nbytes > max_bytes:
+            shards.append([])
+            used = 0
+        shards[-1].append(t)
+        used += t.nbytes
+    return shards
+
+
+def write_sharded(
+    directory: str | os.PathLike,
+    tensors: Sequence[PendingTensor],
+    *,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    write: bool = True,
+) -> list[str]:
+    """Streams `tensors` into `model-0000k-of-0000n.safetensors` shards plus the index.
+
+    Tensors keep their order; a shard is closed before it would exceed `max_shard_bytes` (a
+    single larger tensor gets a shard of its own). Each tensor is produced only when its turn
+    to be written comes. With `write=False` (the other processes of a multi-process save) the
+    tensors are still produced, in the same order, but nothing is written.
+
+    Returns the shard file names.
+
+    >>> import tempfile, numpy as np
+    >>> f32 = np.dtype("float32")
+    >>> ts = [PendingTensor(n, (4,), f32, lambda: np.ones(4, f32)) for n in "ab"]
+    >>> d = tempfile.mkdtemp()
+    >>> write_sharded(d, ts, max_shard_bytes=16)
+    ['model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors']
+    >>> sorted(read_all(d))
+    ['a', 'b']
+    """
+    directory = pathlib.Path(directory)
+    groups = _plan(tensors, max_shard_bytes)
+    names = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    if not write:
+        for group in groups:
+            for t in group:
+                t.produce()
+        return names
+    directory.mkdir(parents=True, exist_ok=True)
+    weight_map = {}
+    for file_name, group in zip(names, groups, strict=True):
+        _write_file(directory / file_name, group, {"format": "pt"})
+        weight_map.update(dict.fromkeys((t.name for t in group), file_name))
+    index = {
+        "metadata": {"total_size": int(sum(t.nbytes for t in tensors))},
+        "weight_map": weight_map,
+    }
+    (directory / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return names

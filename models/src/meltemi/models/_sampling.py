@@ -93,3 +93,24 @@ def sample(logits: jax.Array, key: jax.Array | None, sampling: SamplingConfig) -
         logits / sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p
     )
     return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+
+
+def sample_rows(
+    logits: jax.Array, key: jax.Array, step: jax.Array | int, sampling: SamplingConfig
+) -> jax.Array:
+    """One token id per row of `logits` (batch, vocab) at decoding step `step`.
+
+    Row `b` draws with `fold_in(fold_in(key, step), b)`: a row's tokens depend only on the
+    key, the step and its own index, never on how many rows share the batch (generation pads
+    the batch to a bucket).
+
+    >>> import jax, jax.numpy as jnp
+    >>> x = jnp.log(jnp.array([[0.1, 0.9], [0.9, 0.1]]))
+    >>> sample_rows(x, jax.random.key(0), 0, SamplingConfig()).tolist()
+    [1, 0]
+    """
+    if sampling.greedy:
+        return sample(logits, None, sampling)
+    step_key = jax.random.fold_in(key, step)
+    keys = jax.vmap(lambda b: jax.random.fold_in(step_key, b))(jnp.arange(logits.shape[0]))
+    return jax.vmap(lambda row, k: sample(row[None], k, sampling)[0])(logits, keys)

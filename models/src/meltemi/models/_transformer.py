@@ -12,8 +12,10 @@ import numpy as np
 
 import meltemi.haliax as hax
 import meltemi.haliax.nn as hnn
+from meltemi.models import _moe_kernels as moe_kernels
 from meltemi.models._axes import (
     BATCH,
+    EMBED,
     HEAD_SIZE,
     KEY_POSITION,
     KV_HEADS,
@@ -31,6 +33,7 @@ from meltemi.models._layers import (
     make_attention,
     make_norm,
 )
+from meltemi.models._loss import blockwise_cross_entropy
 from meltemi.models._moe import MoeMlp
 
 Tokens = hax.NamedArray | jax.Array | np.ndarray
@@ -286,21 +289,42 @@ class Transformer(eqx.Module):
         if loss_mask is not None:
             weight = weight * as_tokens(loss_mask, "loss_mask")[0].astype(jnp.float32)
         hidden, stats = self._hidden(named, segment_ids, positions)
-        logits = self._project(hidden).astype(jnp.float32)
-        per_token, log_z = hnn.cross_entropy_loss_and_log_normalizers(logits, VOCAB, tgt)
         denom = jnp.maximum(hax.sum(weight).array, 1.0)
-        ce = hax.sum(per_token * weight).array / denom
-        zl = hax.sum(log_z * log_z * weight).array / denom
+        if self.config.blockwise_loss:
+            ce_sum, z_sum = self._blockwise_loss(hidden, tgt, weight)
+            ce, zl = ce_sum / denom, z_sum / denom
+        else:
+            logits = self._project(hidden).astype(jnp.float32)
+            per_token, log_z = hnn.cross_entropy_loss_and_log_normalizers(logits, VOCAB, tgt)
+            ce = hax.sum(per_token * weight).array / denom
+            zl = hax.sum(log_z * log_z * weight).array / denom
         total = ce + z_loss * zl
         metrics = {"cross_entropy": ce, "z_loss": zl}
         moe = self.config.moe
         if moe is not None:
-            lb, rz = jnp.mean(stats["load_balancing"]), jnp.mean(stats["router_z"])
+            lb = moe_kernels.load_balancing_loss(
+                stats["expert_fraction"], stats["router_prob"], scope=moe.load_balancing_scope
+            )
+            rz = jnp.mean(stats["router_z"])
             total = total + moe.load_balancing_coef * lb + moe.router_z_coef * rz
             metrics.update(
                 load_balancing=lb, router_z=rz, dropped_fraction=jnp.mean(stats["dropped"])
             )
         return total, metrics
+
+    def _blockwise_loss(
+        self, hidden: hax.NamedArray, targets: hax.NamedArray, weight: hax.NamedArray
+    ) -> tuple[jax.Array, jax.Array]:
+        head = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        order = (BATCH, POSITION)
+        h = hidden.rearrange((*order, EMBED)).array
+        return blockwise_cross_entropy(
+            h.reshape(-1, h.shape[-1]),
+            head.rearrange((VOCAB, EMBED)).array,
+            targets.rearrange(order).array.reshape(-1),
+            weight.rearrange(order).array.reshape(-1),
+            block=self.config.loss_vocab_block,  # type: ignore[arg-type]
+        )
 
     def loss(
         self,
@@ -333,36 +357,47 @@ class Transformer(eqx.Module):
         )[0]
 
     # -- cached decoding ----------------------------------------------------------------------
-    def init_cache(self, batch: int, max_len: int, dtype: Any = None) -> LayerCache:
-        """An empty KV cache over `(layers, batch, key_position, kv_heads, head_size)`."""
+    def init_cache(
+        self, batch: int, max_len: int, dtype: Any = None, *, per_layer: bool = False
+    ) -> LayerCache | tuple[LayerCache, ...]:
+        """An empty KV cache over `(layers, batch, kv_heads, key_position, head_size)`, or with
+        `per_layer=True` a tuple of one `LayerCache` per layer (no `layers` axis).
+
+        `key_position` sits next to `head_size` so attention reads each head's keys and values
+        as stored, without a transpose per decoding step. A cache per layer is one buffer per
+        layer, which a compiled decoding loop updates in place (`decode`).
+        """
         ax = ModelAxes(self.config)
         dtype = dtype or self.embed.weight.dtype
-        axes = (
-            ax.Layers,
-            hax.Axis(BATCH, batch),
-            hax.Axis(KEY_POSITION, max_len),
-            ax.KVHeads,
-            ax.HeadSize,
-        )
-        assert axes[3].name == KV_HEADS and axes[4].name == HEAD_SIZE and axes[0].name == LAYERS
+        axes = (hax.Axis(BATCH, batch), ax.KVHeads, hax.Axis(KEY_POSITION, max_len), ax.HeadSize)
+        assert axes[1].name == KV_HEADS and axes[3].name == HEAD_SIZE and ax.Layers.name == LAYERS
+        if per_layer:
+            return tuple(
+                LayerCache(hax.zeros(axes, dtype), hax.zeros(axes, dtype))
+                for _ in range(self.config.num_layers)
+            )
+        axes = (ax.Layers, *axes)
         return LayerCache(hax.zeros(axes, dtype), hax.zeros(axes, dtype))
 
     def decode(
         self,
         tokens: hax.NamedArray,
-        cache: LayerCache,
+        cache: LayerCache | tuple[LayerCache, ...],
         *,
         positions: hax.NamedArray,
         cache_index: jax.Array,
         kv_valid: hax.NamedArray,
-    ) -> tuple[hax.NamedArray, LayerCache]:
+    ) -> tuple[hax.NamedArray, LayerCache | tuple[LayerCache, ...]]:
         """Runs `tokens` (`batch, position`) through the model, writing their keys and values
         at cache slots `cache_index ...` and attending to every valid slot at or before each
         query's own slot.
 
         Args:
             tokens: new tokens, `(batch, position)`.
-            cache: the KV cache (`init_cache`).
+            cache: the KV cache (`init_cache`). With a cache per layer
+                (`per_layer=True`) the layers run unrolled, each writing its own buffer; with
+                a stacked cache they run in the layer scan, which rebuilds the whole cache as
+                its output (a copy per call: fine for a prefill, slow in a decoding loop).
             positions: position ids of the new tokens, `(batch, position)`.
             cache_index: scalar int, the slot of the first new token.
             kv_valid: `(batch, key_position)` bool, slots holding real tokens once these are
@@ -372,15 +407,24 @@ class Transformer(eqx.Module):
             Logits over `(batch, position, vocab)` and the updated cache.
         """
         Pos = tokens.resolve_axis(POSITION)  # noqa: N806
-        KPos = cache.k.resolve_axis(KEY_POSITION)  # noqa: N806
+        stacked = isinstance(cache, LayerCache)
+        KPos = (cache if stacked else cache[0]).k.resolve_axis(KEY_POSITION)  # noqa: N806
         index = hax.named(jnp.asarray(cache_index, jnp.int32), ())
         q_slot = hax.arange(Pos) + index.array
         causal = q_slot.broadcast_axis(KPos) >= hax.arange(KPos)
         mask = causal & kv_valid
         x = self._embed(tokens, positions)
-        hidden, _, new_cache = self._run_blocks(x, mask, positions, None, cache, index)
-        assert new_cache is not None
-        return self._project(hidden), new_cache
+        if stacked:
+            hidden, _, new_cache = self._run_blocks(x, mask, positions, None, cache, index)
+            assert new_cache is not None
+            return self._project(hidden), new_cache
+        new_caches = []
+        for i, layer_cache in enumerate(cache):
+            x, (_, layer_cache) = self.blocks.get_layer(i)(
+                x, mask, positions, None, layer_cache, index
+            )
+            new_caches.append(layer_cache)
+        return self._project(self.final_norm(x)), tuple(new_caches)
 
 
 def init(config: ModelConfig, *, key: jax.Array) -> Transformer:

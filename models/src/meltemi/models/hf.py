@@ -34,10 +34,11 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from meltemi.models import _hf_keys
+import meltemi.haliax as hax
+from meltemi.models import _hf_keys, _hf_stream
 from meltemi.models._config import ConfigError, ModelConfig
 from meltemi.models._hf_config import from_hf_config, to_hf_config
-from meltemi.models._safetensors import DEFAULT_SHARD_BYTES, read_sharded, write_sharded
+from meltemi.models._safetensors import DEFAULT_SHARD_BYTES, Checkpoint, write_sharded
 from meltemi.models._transformer import Transformer, _jit_init
 
 __all__ = [
@@ -133,17 +134,29 @@ def load_config(directory: str | os.PathLike) -> ModelConfig:
     return config
 
 
-def _normalize_keys(tensors: Mapping[str, Any], config: ModelConfig) -> Mapping[str, Any]:
+def _key_map(keys: list[str], config: ModelConfig) -> dict[str, str]:
+    """Checkpoint key -> the name the model expects (identity except for old GPT-2 files)."""
     # GPT-2 checkpoints from the original release lack the `transformer.` prefix.
-    if (
-        config.family == "gpt2"
-        and "transformer.wte.weight" not in tensors
-        and "wte.weight" in tensors
-    ):
-        return {
-            (k if k.startswith("lm_head.") else "transformer." + k): tensors[k] for k in tensors
-        }
-    return tensors
+    if config.family == "gpt2" and "transformer.wte.weight" not in keys and "wte.weight" in keys:
+        return {k: (k if k.startswith("lm_head.") else "transformer." + k) for k in keys}
+    return {k: k for k in keys}
+
+
+def _sharding_of(mesh: Any, mapping: Any) -> _hf_stream.ShardingOf:
+    mesh = mesh if mesh is not None else hax.partitioning.current_mesh()
+    if mesh is None:
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return lambda t: device
+    if isinstance(mesh, jax.sharding.AbstractMesh):
+        raise ConfigError(
+            "hf.load inside jax.jit: the mesh is abstract there; call load outside jit "
+            "(with jax.set_mesh(mesh) or mesh=...)"
+        )
+    mapping = mapping if mapping is not None else hax.partitioning.current_thread_local_mapping()
+    mapping = mapping or {}
+    return lambda t: jax.sharding.NamedSharding(
+        mesh, hax.partitioning.pspec_for_axis(t.axes, mapping, mesh)
+    )
 
 
 def _template(config: ModelConfig, key: jax.Array | None) -> Transformer:
@@ -160,13 +173,17 @@ def _load_into(
     init_missing_norms: bool,
     key: jax.Array | None,
     strict: bool,
+    mesh: Any = None,
+    axis_mapping: Any = None,
 ) -> tuple[Transformer, LoadReport]:
-    tensors = _normalize_keys(read_sharded(directory), config)
+    ckpt = Checkpoint(directory)
+    renamed = _key_map(list(ckpt), config)
+    present = {name: k for k, name in renamed.items()}  # model's name -> checkpoint key
     expected = set(_hf_keys.expected_keys(config))
-    ignored = sorted(k for k in tensors if k not in expected and _hf_keys.is_ignorable(k, config))
-    unexpected = sorted(k for k in tensors if k not in expected and k not in ignored)
+    ignored = sorted(k for k in present if k not in expected and _hf_keys.is_ignorable(k, config))
+    unexpected = sorted(k for k in present if k not in expected and k not in ignored)
     if strict:
-        missing = [k for k in _hf_keys.expected_keys(config) if k not in tensors]
+        missing = [k for k in _hf_keys.expected_keys(config) if k not in present]
         if missing or unexpected:
             report = LoadReport((), {}, tuple(missing), tuple(unexpected), tuple(ignored))
             raise CheckpointError(
@@ -179,14 +196,24 @@ def _load_into(
         for spec in _hf_keys.specs_for(config)
         if not (init_missing_norms and spec.identity is not None)
         for k, _ in _hf_keys._expand(spec, config)
-        if k not in tensors
+        if k not in present
     ]
     if needs_init and key is None:
         key = jax.random.key(0)
     template = _template(config, key if needs_init else None)
-    model, loaded, initialized, missing = _hf_keys.from_state_dict(
-        template, tensors, dtype=dtype, init_missing_norms=init_missing_norms
+    sharding_of = _sharding_of(mesh, axis_mapping)
+    model, loaded, initialized, missing = _hf_stream.load(
+        template,
+        ckpt,
+        {k: present[k] for k in present if k in expected},
+        dtype=dtype,
+        init_missing_norms=init_missing_norms,
+        sharding_of=sharding_of,
     )
+    if missing and (mesh or hax.partitioning.current_mesh()) is not None:
+        # Tensors kept from the (unsharded) random template: shard them like the rest.
+        mapping = axis_mapping or hax.partitioning.current_thread_local_mapping() or {}
+        model = hax.shard(model, mapping, mesh)
     report = LoadReport(
         tuple(loaded), initialized, tuple(missing), tuple(unexpected), tuple(ignored)
     )
@@ -198,13 +225,24 @@ def load(
     *,
     config: ModelConfig | None = None,
     dtype: Any = None,
+    mesh: jax.sharding.Mesh | None = None,
+    axis_mapping: hax.partitioning.ResourceMapping | None = None,
 ) -> tuple[Transformer, ModelConfig]:
-    """Loads a Hugging Face (or `save`d) checkpoint exactly.
+    """Loads a Hugging Face (or `save`d) checkpoint exactly, sharded as it is read.
+
+    Every parameter is created directly with its sharding: with a mesh (`mesh=` or the one of
+    `jax.set_mesh`), a `NamedSharding` by its axis names under `axis_mapping` (default: the
+    active `hax.axis_mapping`); without one, on the first device. Each device's piece is read
+    from the safetensors files on its own (one layer of one expert at a time), so the host
+    never holds a whole stacked parameter.
 
     Args:
         directory: the checkpoint directory.
         config: the model to build (default: the checkpoint's own config).
         dtype: parameter dtype (default: the checkpoint's).
+        mesh: the device mesh to shard over (default: the active one, if any).
+        axis_mapping: logical axis -> mesh axes (default: the active `hax.axis_mapping`),
+            e.g. FSDP's `{"embed": "data"}`.
 
     Returns:
         `(model, config)`.
@@ -216,7 +254,14 @@ def load(
     directory = pathlib.Path(directory)
     config = config or load_config(directory)
     model, _ = _load_into(
-        config, directory, dtype=dtype, init_missing_norms=False, key=None, strict=True
+        config,
+        directory,
+        dtype=dtype,
+        init_missing_norms=False,
+        key=None,
+        strict=True,
+        mesh=mesh,
+        axis_mapping=axis_mapping,
     )
     return model, config
 
@@ -332,7 +377,11 @@ def save(
     """Writes a Hugging Face checkpoint that `transformers` loads with `from_pretrained`.
 
     Writes `config.json`, `meltemi_config.json`, safetensors shards with
-    `model.safetensors.index.json`, `generation_config.json` and, if given, the tokenizer. The
+    `model.safetensors.index.json`, `generation_config.json` and, if given, the tokenizer.
+    The shards are streamed: one Hugging Face tensor (one layer of one expert) is copied to
+    the host, written and dropped at a time. The model may be sharded over a mesh; in a
+    multi-process run every process must call `save` (each contributes its pieces of every
+    tensor) and only process 0 writes the shards. The
     eos id in `generation_config.json` and `config.json` is the **tokenizer's** when a tokenizer
     is given (a mismatch with `config.eos_token_id` is logged), else the config's.
 
@@ -376,8 +425,8 @@ def save(
         )
     saved_config = config.replace(eos_token_id=eos)
     hf_config = to_hf_config(saved_config)
-    if dtype is not None:
-        hf_config["dtype"] = np.dtype(dtype).name
+    # The dtype the tensors are stored in: `dtype`, else the model's own.
+    hf_config["dtype"] = np.dtype(dtype or model.embed.weight.dtype).name
     hf_config["torch_dtype"] = hf_config["dtype"]  # the key transformers < 5 reads
     (directory / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
     (directory / MELTEMI_CONFIG).write_text(json.dumps(saved_config.to_dict(), indent=2) + "\n")
@@ -387,7 +436,10 @@ def save(
     (directory / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     written += ["config.json", MELTEMI_CONFIG, "generation_config.json"]
     shards = write_sharded(
-        directory, _hf_keys.to_state_dict(model, dtype), max_shard_bytes=max_shard_bytes
+        directory,
+        _hf_stream.pending_tensors(model, dtype),
+        max_shard_bytes=max_shard_bytes,
+        write=jax.process_index() == 0,
     )
     written += [*shards, "model.safetensors.index.json"]
     return written

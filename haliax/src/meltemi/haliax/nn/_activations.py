@@ -13,7 +13,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from meltemi.haliax._core import Axis, AxisSelection, NamedArray, _as_tuple
+from meltemi.haliax._core import (
+    Axis,
+    AxisError,
+    AxisSelection,
+    AxisSelector,
+    NamedArray,
+    _as_tuple,
+)
 from meltemi.haliax._reductions import logsumexp
 
 __all__ = [
@@ -28,6 +35,16 @@ __all__ = [
     "softplus",
     "elu",
     "leaky_relu",
+    "celu",
+    "selu",
+    "glu",
+    "hard_sigmoid",
+    "hard_silu",
+    "hard_swish",
+    "hard_tanh",
+    "log_sigmoid",
+    "soft_sign",
+    "relu_squared",
     "softmax",
     "log_softmax",
     "logsumexp",
@@ -57,6 +74,32 @@ tanh = _unary(jnp.tanh, "tanh")
 softplus = _unary(jax.nn.softplus, "softplus")
 elu = _unary(jax.nn.elu, "elu")
 leaky_relu = _unary(jax.nn.leaky_relu, "leaky_relu")
+celu = _unary(jax.nn.celu, "celu")
+selu = _unary(jax.nn.selu, "selu")
+hard_sigmoid = _unary(jax.nn.hard_sigmoid, "hard_sigmoid")
+hard_silu = _unary(jax.nn.hard_silu, "hard_silu")
+hard_swish = _unary(jax.nn.hard_swish, "hard_swish")
+hard_tanh = _unary(jax.nn.hard_tanh, "hard_tanh")
+log_sigmoid = _unary(jax.nn.log_sigmoid, "log_sigmoid")
+soft_sign = _unary(jax.nn.soft_sign, "soft_sign")
+
+
+def relu_squared(x: Any) -> Any:
+    """`relu(x) ** 2` (Primer's activation)."""
+    return _unary(lambda a: jnp.square(jax.nn.relu(a)), "relu_squared")(x)
+
+
+def glu(x: NamedArray, axis: AxisSelector) -> NamedArray:
+    """Gated linear unit: splits `axis` into halves `a, b` and returns `a * sigmoid(b)`.
+
+    The axis keeps its name and is halved (it must have even size).
+    """
+    i = x.axis_index(axis)
+    ax = x.axes[i]
+    if ax.size % 2:
+        raise AxisError(f"glu: axis {ax.name!r} has odd size {ax.size}; it is split in halves")
+    out = jax.nn.glu(x.array, axis=i)
+    return NamedArray(out, x.axes[:i] + (ax.resize(ax.size // 2),) + x.axes[i + 1 :])
 
 
 def gelu(x: NamedArray, approximate: bool = True) -> NamedArray:

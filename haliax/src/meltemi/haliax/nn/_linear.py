@@ -29,6 +29,14 @@ from meltemi.haliax._core import (
 )
 from meltemi.haliax._indexing import take
 from meltemi.haliax._ops import zeros
+from meltemi.haliax._quant_ops import DefaultDotGeneralOp, DotGeneralOp
+from meltemi.haliax.nn.mup import (
+    AbstractLinearReparam,
+    HiddenLinearMup,
+    InputLinearMup,
+    LinearStandardParam,
+    OutputLinearMup,
+)
 
 __all__ = ["Linear", "Embedding"]
 
@@ -44,24 +52,65 @@ class Linear(eqx.Module):
     bias: NamedArray | None
     In: AxisSpec = eqx.field(static=True)
     Out: AxisSpec = eqx.field(static=True)
+    dot_general: DotGeneralOp = eqx.field(default_factory=DefaultDotGeneralOp.init)
+    _reparam_cls: type[AbstractLinearReparam] = eqx.field(static=True, default=LinearStandardParam)
+
+    @property
+    def reparam(self) -> AbstractLinearReparam:
+        """The layer's abc-parameterisation (`hax.nn.mup`)."""
+        return self._reparam_cls(self.In, self.Out)
+
+    @staticmethod
+    def input_reparam(use_mup: bool = True) -> type[AbstractLinearReparam]:
+        """muP's input-layer parameterisation (or the standard one)."""
+        return InputLinearMup if use_mup else LinearStandardParam
+
+    @staticmethod
+    def hidden_reparam(use_mup: bool = True) -> type[AbstractLinearReparam]:
+        """muP's hidden-layer parameterisation (or the standard one)."""
+        return HiddenLinearMup if use_mup else LinearStandardParam
+
+    @staticmethod
+    def output_reparam(use_mup: bool = True) -> type[AbstractLinearReparam]:
+        """muP's output-layer parameterisation (or the standard one)."""
+        return OutputLinearMup if use_mup else LinearStandardParam
 
     @staticmethod
     def init(
-        In: AxisSpec,  # noqa: N803
-        Out: AxisSpec,  # noqa: N803
+        In: AxisSpec,
+        Out: AxisSpec,
         *,
         key: jax.Array,
         use_bias: bool = True,
         out_first: bool = True,
         init_scale: float = 1.0,
         dtype: Any = jnp.float32,
+        dot_general: DotGeneralOp | None = None,
+        reparam_cls: type[AbstractLinearReparam] = LinearStandardParam,
     ) -> Linear:
-        """Truncated-normal weights with std `init_scale / sqrt(size(In))`; zero bias."""
+        """Truncated-normal weights with std `init_scale / sqrt(size(In))`; zero bias.
+
+        Args:
+            In: input axis (or axes), contracted by name.
+            Out: output axis (or axes).
+            key: PRNG key.
+            use_bias: add a bias over `Out`.
+            out_first: weight axes `Out + In` (PyTorch's layout) rather than `In + Out`.
+            init_scale: scales the init std.
+            dtype: parameter dtype.
+            dot_general: the matmul (default `jax.lax.dot_general`; see `hax.quantization`).
+            reparam_cls: the abc-parameterisation (`hax.nn.mup`); its `init_scale(In, Out)`
+                replaces the default `1 / sqrt(size(In))`.
+
+        Returns:
+            The layer.
+        """
         joint = concat_axes(Out, In) if out_first else concat_axes(In, Out)
-        scale = init_scale / math.sqrt(axis_size(In))
+        scale = init_scale * reparam_cls.init_scale(In, Out)
         weight = hrandom.truncated_normal(key, joint, -3, 3, dtype) * scale
         bias = zeros(Out, dtype) if use_bias else None
-        return Linear(weight, bias, In, Out)
+        dg = DefaultDotGeneralOp.init() if dot_general is None else dot_general
+        return Linear(weight, bias, In, Out, dg, reparam_cls)
 
     @property
     def out_first(self) -> bool:
@@ -76,7 +125,10 @@ class Linear(eqx.Module):
                     f"but the input has axes {[a.name for a in inputs.axes]}; rename the input "
                     f"(x.rename({{...}})) or build the layer with the right In"
                 )
-        out = inputs.dot(self.weight, axis=self.In)
+        dg = None if isinstance(self.dot_general, DefaultDotGeneralOp) else self.dot_general
+        active = self.reparam.active_scale
+        weight = self.weight if active == 1 else self.weight * active
+        out = inputs.dot(weight, axis=self.In, dot_general=dg)
         if self.bias is not None:
             out = out + self.bias
         return out
@@ -100,15 +152,24 @@ class Embedding(eqx.Module):
 
     @staticmethod
     def init(
-        Vocab: Axis,  # noqa: N803
-        Embed: AxisSpec,  # noqa: N803
+        Vocab: Axis,
+        Embed: AxisSpec,
         *,
         key: jax.Array,
         init_scale: float = 1.0,
         initializer_range: float | None = None,
         dtype: Any = jnp.float32,
     ) -> Embedding:
-        """Normal weights with std `initializer_range` or else `init_scale / sqrt(size(Embed))`."""
+        """Normal weights with std `initializer_range` or else `init_scale / sqrt(size(Embed))`.
+
+        Args:
+            Vocab: the vocabulary axis.
+            Embed: the embedding axis (or axes).
+            key: PRNG key.
+            init_scale: std is `init_scale / sqrt(size(Embed))`.
+            initializer_range: if given, the std itself (as Hugging Face configs).
+            dtype: parameter dtype.
+        """
         std = (
             initializer_range
             if initializer_range is not None

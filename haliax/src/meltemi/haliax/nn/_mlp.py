@@ -37,8 +37,8 @@ class MLP(eqx.Module):
 
     @staticmethod
     def init(
-        Input: AxisSpec,  # noqa: N803
-        Output: AxisSpec,  # noqa: N803
+        Input: AxisSpec,
+        Output: AxisSpec,
         width: int | Axis,
         depth: int,
         activation: Callable = relu,
@@ -50,8 +50,23 @@ class MLP(eqx.Module):
         gated: bool = False,
         init_scale: float = 1.0,
     ) -> MLP:
-        Width = width if isinstance(width, Axis) else Axis("mlp", width)  # noqa: N806
-        Width2 = Width.alias(Width.name + "2")  # noqa: N806
+        """
+
+        Args:
+            Input: input axis (or axes).
+            Output: output axis (or axes).
+            width: hidden width (an int, or an Axis to name it).
+            depth: number of hidden layers.
+            activation: elementwise activation.
+            key: PRNG key.
+            use_bias: biases on the hidden layers.
+            use_final_bias: bias on the output layer.
+            out_first: weight layout, as `Linear.init`.
+            gated: SwiGLU-style blocks: `act(gate(x)) * up(x)`.
+            init_scale: scales the init std.
+        """
+        Width = width if isinstance(width, Axis) else Axis("mlp", width)
+        Width2 = Width.alias(Width.name + "2")
         keys = jax.random.split(key, 2 * depth + 1)
         kw = dict(out_first=out_first, init_scale=init_scale)
         if depth == 0:

@@ -51,6 +51,15 @@ class LayerNorm(eqx.Module):
         use_bias: bool = True,
         dtype: Any = jnp.float32,
     ) -> LayerNorm:
+        """
+
+        Args:
+            axis: the axis (or axes) normalised over.
+            eps: added to the variance.
+            use_weight: learnable scale.
+            use_bias: learnable shift.
+            dtype: parameter dtype.
+        """
         weight = ones(axis, dtype) if use_weight else None
         bias = zeros(axis, dtype) if use_bias else None
         return LayerNorm(weight, bias, axis, eps)
@@ -81,6 +90,15 @@ class RmsNorm(eqx.Module):
         use_bias: bool = False,
         dtype: Any = jnp.float32,
     ) -> RmsNorm:
+        """
+
+        Args:
+            axis: the axis (or axes) normalised over.
+            eps: added to the mean square.
+            use_weight: learnable scale.
+            use_bias: learnable shift.
+            dtype: parameter dtype.
+        """
         weight = ones(axis, dtype) if use_weight else None
         bias = zeros(axis, dtype) if use_bias else None
         return RmsNorm(weight, bias, axis, eps)

@@ -50,12 +50,20 @@ class Stacked(eqx.Module, Generic[M]):
     @classmethod
     def init(
         cls,
-        Block: Axis,  # noqa: N803
+        Block: Axis,
         module: type[M],
         *,
         gradient_checkpointing: RematSpec = False,
         prevent_cse: bool = False,
     ) -> Callable[..., Stacked[M]]:
+        """
+
+        Args:
+            Block: the layer axis (its size is the number of layers).
+            module: the layer class (with an `init`).
+            gradient_checkpointing: a ScanCheckpointPolicy, a bool or a kind string.
+            prevent_cse: stop XLA from merging recomputation with the forward pass.
+        """
         policy = ScanCheckpointPolicy.from_bool_or_str(gradient_checkpointing)
         if prevent_cse:
             policy = ScanCheckpointPolicy(policy.kind, policy.save_names, True)
@@ -103,7 +111,7 @@ class Stacked(eqx.Module, Generic[M]):
     @classmethod
     def from_layers(
         cls, Block: Axis, layers: Sequence[M], gradient_checkpointing: RematSpec = False
-    ):  # noqa: N803
+    ):
         """Stacks per-layer modules (the inverse of `unstacked`)."""
         if len(layers) != Block.size:
             raise ValueError(f"from_layers: {len(layers)} layers for axis {Block}")
@@ -135,7 +143,7 @@ class BlockSeq(eqx.Module, Generic[M]):
     @classmethod
     def init(
         cls,
-        Block: Axis,  # noqa: N803
+        Block: Axis,
         module: type[M],
         *,
         gradient_checkpointing: RematSpec = False,
@@ -184,7 +192,7 @@ class BlockSeq(eqx.Module, Generic[M]):
         return {"blocks": None}  # layers are `<key>.0.`, `<key>.1.`, ...
 
 
-def _slice_args(tree: Any, Block: Axis, i: int) -> Any:  # noqa: N803
+def _slice_args(tree: Any, Block: Axis, i: int) -> Any:
     def pick(x):
         if isinstance(x, NamedArray):
             return x[{Block.name: i}] if x.has_axis(Block.name) else x
@@ -195,7 +203,7 @@ def _slice_args(tree: Any, Block: Axis, i: int) -> Any:  # noqa: N803
     return jax.tree.map(pick, tree, is_leaf=is_named_array)
 
 
-def _stack_outputs(Block: Axis, ys: list[Any]) -> Any:  # noqa: N803
+def _stack_outputs(Block: Axis, ys: list[Any]) -> Any:
     def stack(*xs):
         if isinstance(xs[0], NamedArray):
             return NamedArray(jax.numpy.stack([x.array for x in xs]), (Block,) + xs[0].axes)

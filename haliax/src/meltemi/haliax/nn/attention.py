@@ -22,6 +22,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from meltemi.haliax import random as hrandom
 from meltemi.haliax._core import (
     Axis,
     AxisSelection,
@@ -34,6 +35,7 @@ from meltemi.haliax._core import (
 )
 from meltemi.haliax._dot import dot
 from meltemi.haliax._ops import arange, where
+from meltemi.haliax._ops import ones as hax_ones
 from meltemi.haliax.nn._activations import softmax
 from meltemi.haliax.nn._linear import Linear
 from meltemi.haliax.nn._normalization import RmsNorm
@@ -42,6 +44,9 @@ from meltemi.haliax.nn.rotary import RotaryConfig
 __all__ = [
     "causal_mask",
     "segment_mask",
+    "prefix_lm_mask",
+    "forgetful_causal_mask",
+    "alibi_attention_bias",
     "combine_masks_and",
     "combine_masks_or",
     "mask_to_bias",
@@ -52,10 +57,96 @@ __all__ = [
 ]
 
 
-def causal_mask(QPos: Axis, KPos: Axis, q_start: Any = 0, k_start: Any = 0) -> NamedArray:  # noqa: N803
-    """True where key position <= query position (positions offset by the starts)."""
+def causal_mask(QPos: Axis, KPos: Axis, q_start: Any = 0, k_start: Any = 0) -> NamedArray:
+    """True where key position <= query position (positions offset by the starts).
+
+    Args:
+        QPos: query position axis.
+        KPos: key position axis.
+        q_start: position of the first query.
+        k_start: position of the first key.
+    """
     q = (arange(QPos) + q_start).broadcast_axis(KPos).rearrange((QPos.name, KPos.name))
     return q >= (arange(KPos) + k_start)
+
+
+def prefix_lm_mask(
+    QSeqLen: Axis, KSeqLen: Axis, prefix_len: Any, q_start: Any = 0, k_start: Any = 0
+) -> NamedArray:
+    """PrefixLM: every query sees the first `prefix_len` keys, and the rest causally.
+
+    Args:
+        QSeqLen: query position axis.
+        KSeqLen: key position axis.
+        prefix_len: length of the bidirectional prefix (may be traced).
+        q_start: position of the first query.
+        k_start: position of the first key.
+    """
+    if isinstance(prefix_len, int) and prefix_len < 0:
+        raise ValueError(f"prefix_lm_mask: prefix_len must be >= 0, got {prefix_len}")
+    prefix = (arange(KSeqLen) + k_start) < (prefix_len + k_start)
+    return causal_mask(QSeqLen, KSeqLen, q_start, k_start) | prefix
+
+
+def forgetful_causal_mask(
+    KPos: Axis, mask_prob: float, sample_prob: bool = True, *, key: jax.Array
+) -> NamedArray:
+    """Forgetful causal masking (Liu et al. 2022, arXiv:2210.13432): drops each key position with
+    probability `mask_prob` (drawn uniformly from `[0, mask_prob]` when `sample_prob`); position 0
+    is always kept. Combine it with `causal_mask` by `&`.
+
+    Args:
+        KPos: key position axis.
+        mask_prob: probability of dropping a position.
+        sample_prob: draw the rate uniformly from `[0, mask_prob]` first.
+        key: PRNG key.
+    """
+    first = arange(KPos) == 0
+    if mask_prob == 0:
+        return hax_ones(KPos, dtype=jnp.bool_)
+    if mask_prob == 1:
+        return first
+    p = mask_prob
+    if sample_prob:
+        key, sub = jax.random.split(key)
+        p = jax.random.uniform(sub, (), minval=0.0, maxval=mask_prob)
+    return hrandom.bernoulli(key, KPos, 1.0 - p) | first
+
+
+def _alibi_slopes(heads: int, bias_max: float) -> list[float]:
+    """Press et al.'s head slopes, generalised to a maximum bias `bias_max` (8 in the paper):
+    a geometric sequence for a power of two heads, interleaved from the next power otherwise."""
+
+    def power_of_2(n: int) -> list[float]:
+        start = 2 ** (-(2 ** -(math.log2(n) - math.log2(bias_max))))
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(heads).is_integer():
+        return power_of_2(heads)
+    base = 2 ** math.floor(math.log2(heads))
+    return power_of_2(base) + power_of_2(2 * base)[0::2][: heads - base]
+
+
+def alibi_attention_bias(
+    Heads: Axis, KPos: Axis, bias_max: float = 8, dtype: Any = jnp.float32
+) -> NamedArray:
+    """ALiBi (Press et al. 2022) bias `slope[h] * k`, axes `(Heads, KPos)`; add it to the
+    attention logits (with a causal mask, this equals the paper's `-slope * (q - k)` up to a
+    per-query constant, which softmax ignores).
+
+    Args:
+        Heads: the head axis.
+        KPos: key position axis.
+        bias_max: the largest slope exponent (8 in the paper).
+        dtype: result dtype.
+
+    >>> import meltemi.haliax as hax
+    >>> b = alibi_attention_bias(hax.Axis("heads", 2), hax.Axis("kpos", 3))
+    >>> b.array.tolist()
+    [[0.0, 0.0625, 0.125], [0.0, 0.00390625, 0.0078125]]
+    """
+    slopes = NamedArray(jnp.asarray(_alibi_slopes(Heads.size, bias_max)), (Heads,))
+    return (slopes * arange(KPos)).rearrange((Heads, KPos)).astype(dtype)
 
 
 def segment_mask(q_segment_ids: NamedArray, kv_segment_ids: NamedArray) -> NamedArray:
@@ -112,8 +203,15 @@ class AttentionMask(eqx.Module):
     ) -> AttentionMask:
         return AttentionMask(self.is_causal, segment_ids, kv_segment_ids)
 
-    def materialize(self, QPos: Axis, KPos: Axis, q_start: Any = 0, k_start: Any = 0):  # noqa: N803
-        """A bool NamedArray over `(QPos, KPos)` (plus any batch axes of the segment ids)."""
+    def materialize(self, QPos: Axis, KPos: Axis, q_start: Any = 0, k_start: Any = 0):
+        """A bool NamedArray over `(QPos, KPos)` (plus any batch axes of the segment ids).
+
+        Args:
+            QPos: query position axis.
+            KPos: key position axis.
+            q_start: position of the first query.
+            k_start: position of the first key.
+        """
         mask = causal_mask(QPos, KPos, q_start, k_start) if self.is_causal else None
         if self.segment_ids is not None:
             q_ids = self.segment_ids
@@ -125,8 +223,8 @@ class AttentionMask(eqx.Module):
 
 
 def dot_product_attention_weights(
-    Key: AxisSelector,  # noqa: N803
-    KPos: AxisSelection,  # noqa: N803
+    Key: AxisSelector,
+    KPos: AxisSelection,
     query: NamedArray,
     key: NamedArray,
     mask: NamedArray | None = None,
@@ -137,7 +235,20 @@ def dot_product_attention_weights(
     scale: float | None = None,
     logits_soft_cap: float | None = None,
 ) -> NamedArray:
-    """Softmax over `KPos` of `query . key / sqrt(size(Key))` (with mask, bias, soft cap)."""
+    """Softmax over `KPos` of `query . key / sqrt(size(Key))` (with mask, bias, soft cap).
+
+    Args:
+        Key: the head-size axis contracted between query and key.
+        KPos: key position axis (softmax is over it).
+        query: queries.
+        key: keys.
+        mask: bool mask (True = attend), aligned by name.
+        bias: added to the logits.
+        attention_dtype: dtype of the logits and softmax.
+        precision: matmul precision.
+        scale: logit scale (default `1/sqrt(Key.size)`).
+        logits_soft_cap: if set, `cap * tanh(logits / cap)`.
+    """
     orig_dtype = query.dtype
     if scale is None:
         scale = 1.0 / math.sqrt(query.axis_size(Key))
@@ -157,8 +268,8 @@ def dot_product_attention_weights(
 
 
 def dot_product_attention(
-    KPos: AxisSelection,  # noqa: N803
-    Key: AxisSelector,  # noqa: N803
+    KPos: AxisSelection,
+    Key: AxisSelector,
     query: NamedArray,
     key: NamedArray,
     value: NamedArray,
@@ -175,6 +286,19 @@ def dot_product_attention(
     `query` has the query position axis (any name but `KPos`), `key`/`value` have `KPos`; all
     share `Key` (the head size). Heads and batch axes are whatever else the arrays carry.
     `mask` is a bool NamedArray (True = attend), `bias` is added to the logits.
+
+    Args:
+        KPos: key position axis.
+        Key: the head-size axis of query and key.
+        query: queries.
+        key: keys.
+        value: values (with `KPos`).
+        mask: bool mask (True = attend), aligned by name.
+        bias: added to the logits.
+        attention_dtype: dtype of the logits and softmax.
+        precision: matmul precision.
+        scale: logit scale (default `1/sqrt(Key.size)`).
+        logits_soft_cap: if set, `cap * tanh(logits / cap)`.
     """
     weights = dot_product_attention_weights(
         Key,
@@ -223,7 +347,7 @@ class Attention(eqx.Module):
 
     @staticmethod
     def init(
-        Embed: AxisSpec,  # noqa: N803
+        Embed: AxisSpec,
         *,
         num_heads: int,
         num_kv_heads: int | None = None,
@@ -236,6 +360,21 @@ class Attention(eqx.Module):
         rotary: RotaryConfig | None = None,
         logits_soft_cap: float | None = None,
     ) -> Attention:
+        """
+
+        Args:
+            Embed: model axis.
+            num_heads: query heads.
+            num_kv_heads: key/value heads (GQA; default `num_heads`).
+            head_size: per-head size (default `Embed.size // num_heads`).
+            key: PRNG key.
+            use_bias: biases on q/k/v projections.
+            use_output_bias: bias on the output projection (default `use_bias`).
+            use_qk_norm: RMS-normalise q and k per head before RoPE.
+            qk_norm_eps: epsilon of that norm.
+            rotary: RotaryConfig for RoPE, or None.
+            logits_soft_cap: soft cap of the attention logits.
+        """
         num_kv_heads = num_kv_heads or num_heads
         if num_heads % num_kv_heads:
             raise ValueError(
@@ -244,9 +383,9 @@ class Attention(eqx.Module):
             )
         if head_size is None:
             head_size = axis_size(Embed) // num_heads
-        KVHeads = Axis("kv_heads", num_kv_heads)  # noqa: N806
-        Group = Axis("q_heads_per_group", num_heads // num_kv_heads)  # noqa: N806
-        HeadSize = Axis("head_size", head_size)  # noqa: N806
+        KVHeads = Axis("kv_heads", num_kv_heads)
+        Group = Axis("q_heads_per_group", num_heads // num_kv_heads)
+        HeadSize = Axis("head_size", head_size)
         kq, kk, kv, ko = jax.random.split(key, 4)
         out_bias = use_bias if use_output_bias is None else use_output_bias
         q_proj = Linear.init(Embed, (KVHeads, Group, HeadSize), key=kq, use_bias=use_bias)
@@ -276,13 +415,21 @@ class Attention(eqx.Module):
         x: NamedArray,
         mask: AttentionMask | NamedArray | None,
         *,
-        Pos: AxisSelector = "pos",  # noqa: N803
+        Pos: AxisSelector = "pos",
         positions: NamedArray | None = None,
         key: jax.Array | None = None,
     ) -> NamedArray:
-        """`x` has `Pos` and `Embed` (plus batch axes); `positions` default to `arange(Pos)`."""
-        Pos = x.resolve_axis(axis_name(Pos))  # noqa: N806
-        KPos = Pos.alias("key_" + Pos.name)  # noqa: N806
+        """`x` has `Pos` and `Embed` (plus batch axes); `positions` default to `arange(Pos)`.
+
+        Args:
+            x: input with `Embed` and the position axis.
+            mask: AttentionMask or bool NamedArray, or None.
+            Pos: the position axis (name or Axis).
+            positions: RoPE positions (default `arange(Pos)`).
+            key: unused (for a uniform layer interface).
+        """
+        Pos = x.resolve_axis(axis_name(Pos))
+        KPos = Pos.alias("key_" + Pos.name)
         q = self.q_proj(x)
         k = self.k_proj(x)
         v = self.v_proj(x)

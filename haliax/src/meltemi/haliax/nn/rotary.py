@@ -72,7 +72,7 @@ def rotary_inv_frequencies(
 def apply_rotary(
     x: NamedArray,
     positions: NamedArray,
-    HeadSize: AxisSelector,  # noqa: N803
+    HeadSize: AxisSelector,
     *,
     theta: float = 10000.0,
     scaling: Llama3RopeScaling | None = None,
@@ -81,11 +81,18 @@ def apply_rotary(
 
     `positions` holds integer (or float) positions with axes that `x` also has (e.g. `Pos`, or
     `(Batch, Pos)` for packed sequences); they broadcast by name over the other axes (heads).
+
+    Args:
+        x: array with the head-size axis.
+        positions: integer positions (a NamedArray).
+        HeadSize: the axis rotated (even size).
+        theta: RoPE base.
+        scaling: Llama3RopeScaling or None.
     """
-    Head = x.resolve_axis(HeadSize)  # noqa: N806
+    Head = x.resolve_axis(HeadSize)
     half = Head.size // 2
     inv = jnp.asarray(rotary_inv_frequencies(Head.size, theta, scaling))
-    Half = Axis("__rotary_half__", half)  # noqa: N806
+    Half = Axis("__rotary_half__", half)
     angles = positions.astype(jnp.float32) * NamedArray(inv, (Half,))
     cos = NamedArray(jnp.cos(angles.array), angles.axes)
     sin = NamedArray(jnp.sin(angles.array), angles.axes)
@@ -110,5 +117,5 @@ class RotaryConfig:
     theta: float = 10000.0
     scaling: Llama3RopeScaling | None = None
 
-    def __call__(self, x: NamedArray, positions: NamedArray, HeadSize: AxisSelector) -> NamedArray:  # noqa: N803
+    def __call__(self, x: NamedArray, positions: NamedArray, HeadSize: AxisSelector) -> NamedArray:
         return apply_rotary(x, positions, HeadSize, theta=self.theta, scaling=self.scaling)

@@ -9,8 +9,10 @@ Layout of a run's checkpoint directory:
 Orbax writes each step into a temporary directory and renames it when every array is on
 disk; the manifest is written after that rename, so a checkpoint without a manifest is torn
 (the process died mid-save) and is never restored. The manifest lists every file with its size
-(and SHA-256), so a file truncated or altered later is detected and the previous checkpoint is
-used instead, with a warning.
+(a missing or truncated file is caught by a `stat`, before anything is read) and, with
+`verify="checksums"`, every array's checksum, computed on the devices when the save starts and
+checked on the devices after the restore (`_checksum.py`): a file altered later is detected
+without reading any file twice, and the previous checkpoint is used instead, with a warning.
 """
 
 from __future__ import annotations
@@ -26,12 +28,15 @@ import shutil
 import threading
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
+
+from meltemi.levanter.checkpoint._checksum import checksums, fetch
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +88,14 @@ def unflatten_state(template: Any, flat: Mapping[str, Any]) -> Any:
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def _hash(path: pathlib.Path) -> str:
+class _CorruptArrays(Exception):
+    """Restored arrays disagree with the checksums in the manifest."""
+
+
+VERIFY_MODES = ("sizes", "checksums")
+
+
+def _hash(path: pathlib.Path) -> str:  # manifests written before checksums recorded SHA-256
     h = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -95,13 +107,8 @@ def _files(root: pathlib.Path) -> list[pathlib.Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
-def _write_manifest(root: pathlib.Path, step: int, kind: str, arrays: dict, verify: str) -> None:
-    files = {}
-    for path in _files(root):
-        entry = {"size": path.stat().st_size}
-        if verify == "sha256":
-            entry["sha256"] = _hash(path)
-        files[str(path.relative_to(root))] = entry
+def _write_manifest(root: pathlib.Path, step: int, kind: str, arrays: dict) -> None:
+    files = {str(p.relative_to(root)): {"size": p.stat().st_size} for p in _files(root)}
     manifest = {"step": step, "kind": kind, "time": time.time(), "files": files, "arrays": arrays}
     tmp = root / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
@@ -118,7 +125,11 @@ def read_manifest(root: str | os.PathLike) -> dict | None:
 
 
 def verify_checkpoint(root: str | os.PathLike) -> str | None:
-    """Returns why the checkpoint at `root` is unusable, or None if it is complete and intact."""
+    """Returns why the checkpoint at `root` is unusable, or None if it looks complete.
+
+    Cheap: reads the manifest and `stat`s every file (array checksums are checked when the
+    arrays are restored). Manifests of older versions may list a file's SHA-256: it is checked.
+    """
     root = pathlib.Path(root)
     manifest = read_manifest(root)
     if manifest is None:
@@ -164,6 +175,33 @@ class RetentionPolicy:
         return None
 
 
+class _OrbaxTracebacks(logging.Filter):
+    """Shortens orbax's own error logs to their message: a failed save (full disk, read-only
+    directory) is reported once, as a `CheckpointError`, not as ~100 lines of traceback from
+    orbax's writer threads."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and f"{os.sep}orbax{os.sep}" in record.pathname:
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+_ORBAX_FILTER = _OrbaxTracebacks()
+
+
+def broadcast_from_process_0(flag: bool) -> bool:
+    """Process 0's `flag` on every process (a collective when there are several processes)."""
+    if jax.process_count() == 1:
+        return bool(flag)
+    return bool(multihost_utils.broadcast_one_to_all(np.int32(bool(flag))))
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
 class Checkpointer:
     """Saves and restores the train state of one run.
 
@@ -172,7 +210,20 @@ class Checkpointer:
         policy: when to save and what to keep.
         async_save: write arrays in the background (the step loop only waits for the
             device-to-host copy).
-        verify: what the manifest records and restore checks: "sizes" or "sha256".
+        verify: what the manifest records and restore checks: "sizes" (file sizes) or
+            "checksums" (also a checksum of every array, computed and checked on the devices);
+            "sha256", the former name, means "checksums".
+        clock: seconds, monotonic; `save_every_minutes` reads it (on process 0 only).
+        agree: `flag -> flag` that makes every process take process 0's decision (default
+            `broadcast_from_process_0`); a time-based save is collective, so all processes
+            must decide alike even when their clocks differ.
+        orbax_checkpointer: the orbax checkpointer that writes (default: an
+            `AsyncCheckpointer` or `Checkpointer` of a `CompositeCheckpointHandler`).
+
+    A save that fails (a full disk, a read-only directory) raises one `CheckpointError`
+    naming its step, at the save itself when the failure is synchronous, else at the next
+    `due`, `save`, `wait` or `close`. The failed step's partial directory is removed and no
+    older checkpoint is pruned, so the previous one stays restorable.
 
     Example:
         >>> import tempfile, jax.numpy as jnp
@@ -191,21 +242,41 @@ class Checkpointer:
         policy: RetentionPolicy = RetentionPolicy(),
         *,
         async_save: bool = True,
-        verify: str = "sha256",
+        verify: str = "checksums",
+        clock: Callable[[], float] = time.monotonic,
+        agree: Callable[[bool], bool] = broadcast_from_process_0,
+        orbax_checkpointer: Any = None,
     ):
-        if verify not in ("sizes", "sha256"):
-            raise ValueError(f'checkpoint.verify={verify!r}: use "sizes" or "sha256".')
+        verify = {"sha256": "checksums"}.get(verify, verify)
+        if verify not in VERIFY_MODES:
+            raise CheckpointError(
+                f'checkpoint.verify={verify!r} is not one of {VERIFY_MODES}; use "checksums" '
+                f'(array checksums on the devices) or "sizes" (file sizes only)'
+            )
         self.directory = pathlib.Path(directory).absolute()
         self.policy = policy
         self.verify = verify
+        self._clock = clock
+        self._agree = agree
+        logging.getLogger("absl").addFilter(_ORBAX_FILTER)  # once: a filter is added only once
         self._primary = jax.process_index() == 0
         if self._primary:
-            self.directory.mkdir(parents=True, exist_ok=True)
-        handler = ocp.CompositeCheckpointHandler()
-        self._ckptr = ocp.AsyncCheckpointer(handler) if async_save else ocp.Checkpointer(handler)
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise CheckpointError(
+                    f"cannot create the checkpoint directory {self.directory}: {_one_line(e)}; "
+                    f"choose a writable run_dir, or set checkpoint.enabled=False"
+                ) from None
+        if orbax_checkpointer is None:
+            handler = ocp.CompositeCheckpointHandler()
+            orbax_checkpointer = (
+                ocp.AsyncCheckpointer(handler) if async_save else ocp.Checkpointer(handler)
+            )
+        self._ckptr = orbax_checkpointer
         self._finisher: threading.Thread | None = None
-        self._finish_error: BaseException | None = None
-        self._last_save_time = time.monotonic()
+        self._finish_error: tuple[int, BaseException] | None = None
+        self._last_save_time = clock()
         self.last_blocking_s = 0.0
         if self._primary:
             self._remove_torn_temporaries()
@@ -219,12 +290,23 @@ class Checkpointer:
     # -- saving -------------------------------------------------------------------------------
 
     def due(self, step: int) -> str | None:
-        """The kind of checkpoint to take after `step` steps (by steps or minutes), or None."""
+        """The kind of checkpoint to take after `step` steps (by steps or minutes), or None.
+
+        Collective when `save_every_minutes` is set: process 0 reads its clock and every
+        process takes its decision. Raises `CheckpointError` if the last save failed.
+        """
+        self.check()
         kind = self.policy.kind(step)
         if kind is None and self.policy.save_every_minutes > 0:
-            if time.monotonic() - self._last_save_time >= 60 * self.policy.save_every_minutes:
+            elapsed = self._clock() - self._last_save_time
+            if self._agree(elapsed >= 60 * self.policy.save_every_minutes):
                 kind = "temporary"
         return kind
+
+    def check(self) -> None:
+        """Raises the `CheckpointError` of a background save that has failed, if any."""
+        if self._finisher is not None and not self._finisher.is_alive():
+            self._join()
 
     def save(self, step: int, state: Any, *, config_json: str, kind: str = "temporary") -> None:
         """Starts saving `state` as the checkpoint after `step` steps; returns once arrays are
@@ -244,28 +326,60 @@ class Checkpointer:
                 shutil.rmtree(root)
         flat = flatten_state(state)
         arrays = {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in flat.items()}
-        self._ckptr.save(
-            root,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(flat),
-                config=ocp.args.JsonSave(json.loads(config_json)),
-            ),
-        )
-        self._last_save_time = time.monotonic()
+        # Dispatched before the arrays can be donated to the next step; fetched in the
+        # background, while orbax writes.
+        sums = checksums(flat) if self.verify == "checksums" else None
+        try:
+            self._ckptr.save(
+                root,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(flat),
+                    config=ocp.args.JsonSave(json.loads(config_json)),
+                ),
+            )
+        except Exception as e:  # a full disk, a read-only directory, ...
+            self._discard(root)
+            raise self._failure(step, e) from e
+        self._last_save_time = self._clock()
         self.last_blocking_s = time.perf_counter() - start
         self._finisher = threading.Thread(
-            target=self._finish, args=(root, step, kind, arrays), daemon=False
+            target=self._finish, args=(root, step, kind, arrays, sums), daemon=False
         )
         self._finisher.start()
 
-    def _finish(self, root: pathlib.Path, step: int, kind: str, arrays: dict) -> None:
+    def _finish(
+        self, root: pathlib.Path, step: int, kind: str, arrays: dict, sums: dict | None
+    ) -> None:
         try:
-            self._ckptr.wait_until_finished()
+            if sums is not None:
+                for name, value in fetch(sums).items():
+                    arrays[name]["checksum"] = value
+            wait = getattr(self._ckptr, "wait_until_finished", None)
+            if wait is not None:  # a synchronous `ocp.Checkpointer` committed in `save`
+                wait()
             if self._primary:
-                _write_manifest(root, step, kind, arrays, self.verify)
-                self._prune(keep=step)
-        except BaseException as e:  # surfaced on the next save/wait
-            self._finish_error = e
+                _write_manifest(root, step, kind, arrays)
+        except BaseException as e:  # surfaced by the next check/due/save/wait
+            self._discard(root)
+            self._finish_error = (step, e)
+            return
+        if self._primary:
+            self._prune(keep=step)  # only after this step is complete
+
+    def _discard(self, root: pathlib.Path) -> None:
+        if not self._primary:
+            return
+        shutil.rmtree(root, ignore_errors=True)
+        for tmp in self.directory.glob(f"{root.name}.orbax-checkpoint-tmp*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _failure(self, step: int, error: BaseException) -> CheckpointError:
+        previous = self.complete_steps() if self._primary else []
+        kept = f"step {previous[-1]} is the latest checkpoint" if previous else "none is saved"
+        return CheckpointError(
+            f"saving the checkpoint of step {step} under {self.directory} failed: "
+            f"{_one_line(error)} ({kept}; free space or fix the directory's permissions)"
+        )
 
     def _retag(self, root: pathlib.Path, kind: str) -> None:
         manifest = read_manifest(root)
@@ -287,8 +401,8 @@ class Checkpointer:
             self._finisher.join()
             self._finisher = None
         if self._finish_error is not None:
-            error, self._finish_error = self._finish_error, None
-            raise CheckpointError(f"saving a checkpoint failed: {error}") from error
+            (step, error), self._finish_error = self._finish_error, None
+            raise self._failure(step, error) from error
 
     def wait(self) -> None:
         """Blocks until the last save is committed (manifest written, old ones pruned)."""
@@ -296,8 +410,10 @@ class Checkpointer:
 
     def close(self) -> None:
         """Waits for pending saves and releases the checkpointer."""
-        self._join()
-        self._ckptr.close()
+        try:
+            self._join()
+        finally:
+            self._ckptr.close()
 
     # -- restoring ----------------------------------------------------------------------------
 
@@ -350,6 +466,8 @@ class Checkpointer:
                     return candidate, self._restore_dir(root, template)
                 except CheckpointError:
                     raise
+                except _CorruptArrays as e:
+                    problem = str(e)
                 except Exception as e:  # orbax/tensorstore: unreadable data
                     problem = f"{root} could not be read: {type(e).__name__}: {e}"
             problems.append(problem)
@@ -384,6 +502,7 @@ class Checkpointer:
         result = self._ckptr.restore(
             root, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))
         )
+        _check_arrays(root, saved, result.state)
         return unflatten_state(template, result.state)
 
 
@@ -419,11 +538,30 @@ def restore_arrays(root: str | os.PathLike, wanted: Mapping[str, Any]) -> dict:
         restore_args = jax.tree.map(
             lambda v: ocp.ArrayRestoreArgs(sharding=v.sharding, dtype=v.dtype), abstract
         )
-        return reader.restore(
+        restored = reader.restore(
             root / "state",
             args=ocp.args.PyTreeRestore(
                 item=abstract, restore_args=restore_args, partial_restore=True
             ),
+        )
+    try:
+        _check_arrays(root, saved, restored)
+    except _CorruptArrays as e:
+        raise CheckpointError(f"cannot warm start from {root}: {e}") from None
+    return restored
+
+
+def _check_arrays(root: pathlib.Path, saved: Mapping[str, dict], arrays: Mapping) -> None:
+    """Raises `_CorruptArrays` if a restored array differs from its checksum in the manifest."""
+    expected = {k: saved[k]["checksum"] for k in arrays if "checksum" in saved.get(k, {})}
+    if not expected:
+        return
+    got = fetch(checksums({k: arrays[k] for k in expected}))
+    bad = sorted(k for k in expected if got[k] != expected[k])
+    if bad:
+        raise _CorruptArrays(
+            f"{root}: array {bad[0]} does not match its checksum in the manifest"
+            + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
         )
 
 

@@ -1,24 +1,37 @@
-"""Trainer configuration: Python config files returning locked ml_collections ConfigDicts.
+"""Trainer configuration: Python config files, checked once into a typed `RunSpec`.
 
 A config file defines `get_config(variant=None)`; it starts from `base_config()`, changes
 values, and ends with `with_variant(config, variant, VARIANTS)`, so that variants are a few
 overrides of one base. `load_config("path.py:variant", overrides)` resolves a file plus
-command-line overrides and records where each value came from.
+command-line overrides and records where each value came from; `resolve(...)` checks every
+value (cross-field ones included) and returns frozen typed sections, the only form the
+trainer reads. Every mistake is a `ConfigError`.
 
 Example:
-    >>> from meltemi.levanter.config import base_config, with_variant
-    >>> config = with_variant(base_config(), None, {})
-    >>> config.trainer.seed
-    0
+    >>> from meltemi.levanter.config import base_config, resolve, with_variant
+    >>> spec = resolve(with_variant(base_config(), None, {}))
+    >>> spec.trainer.seed, spec.trainer.train_batch_size
+    (0, 8)
 """
 
-from meltemi.levanter.config._base import MESH_AXES, base_config, mixture_component
-from meltemi.levanter.config._resolve import (
-    PROVENANCES,
+from meltemi.levanter.config._base import base_config, mixture_component
+from meltemi.levanter.config._errors import (
     ConfigError,
     ConfigTypeError,
-    ResolvedConfig,
+    InertKeyError,
     UnknownConfigKeyError,
+)
+from meltemi.levanter.config._mixture import (
+    Component,
+    MixtureConfigError,
+    MixturePlan,
+    file_source,
+    mixture_plan,
+    parse_component_source,
+)
+from meltemi.levanter.config._resolve import (
+    PROVENANCES,
+    ResolvedConfig,
     apply_overrides,
     closest_key,
     flatten,
@@ -30,23 +43,68 @@ from meltemi.levanter.config._resolve import (
     split_spec,
     with_variant,
 )
+from meltemi.levanter.config._schedule import BatchScheduleError, BatchSizes
+from meltemi.levanter.config._spec import (
+    COMPUTE_DTYPES,
+    BuildError,
+    CheckpointSpec,
+    DataSpec,
+    EvalSpec,
+    LoggingSpec,
+    MeshSpec,
+    RunSpec,
+    TrainerSpec,
+    as_spec,
+    compute_dtype,
+    make_tokenizer,
+    model_config,
+    optimizer_config,
+    optimizer_error,
+    resolve,
+    resolve_run_dir,
+)
 
 __all__ = [
-    "MESH_AXES",
+    "COMPUTE_DTYPES",
     "PROVENANCES",
+    "BatchScheduleError",
+    "BatchSizes",
+    "BuildError",
+    "CheckpointSpec",
+    "Component",
     "ConfigError",
     "ConfigTypeError",
+    "DataSpec",
+    "EvalSpec",
+    "InertKeyError",
+    "LoggingSpec",
+    "MeshSpec",
+    "MixtureConfigError",
+    "MixturePlan",
     "ResolvedConfig",
+    "RunSpec",
+    "TrainerSpec",
     "UnknownConfigKeyError",
     "apply_overrides",
+    "as_spec",
     "base_config",
     "closest_key",
+    "compute_dtype",
+    "file_source",
     "flatten",
     "load_config",
+    "make_tokenizer",
     "mixture_component",
+    "mixture_plan",
+    "model_config",
+    "optimizer_config",
+    "optimizer_error",
+    "parse_component_source",
     "parse_override_args",
     "parse_value",
+    "resolve",
     "resolve_path",
+    "resolve_run_dir",
     "set_value",
     "split_spec",
     "with_variant",

@@ -7,13 +7,9 @@ import dataclasses
 import ml_collections
 from ml_collections.config_dict import FieldReference, placeholder
 
+from meltemi.levanter.mesh import MESH_AXES
 from meltemi.levanter.optim import OptimizerConfig
 from meltemi.models import ModelConfig
-
-# Mesh axes, outermost first. `replica` and `data` are pure data parallelism, `fsdp` shards
-# parameters and optimizer state too, `tensor` shards within a layer, `expert` shards experts.
-MESH_AXES = ("replica", "data", "fsdp", "expert", "tensor")
-
 
 _SIMPLE = {"int": int, "float": float, "str": str, "bool": bool}
 # ModelConfig fields the trainer does not expose: the tokenizer decides them, or they nest.
@@ -32,6 +28,9 @@ def _model_section() -> ml_collections.ConfigDict:
     # Mixture-of-experts presets only (MoeConfig.num_experts / top_k).
     section.num_experts = placeholder(int)
     section.num_experts_per_token = placeholder(int)
+    # A Hugging Face checkpoint directory: the model's config and initial weights (instead
+    # of model.preset and a random initialisation); other model.* keys still apply.
+    section.init_from_hf = ""
     return section
 
 
@@ -79,6 +78,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.trainer.progress_bar = True
     # Peak FLOP/s per device for MFU; 0 measures a matmul at start-up.
     c.trainer.peak_flops_per_device = 0.0
+    # (FIRST, LAST): a jax.profiler trace of steps FIRST..LAST into <run_dir>/profile
+    # (TensorBoard's profile plugin or Perfetto read it); (): no trace.
+    c.trainer.profile = FieldReference((), field_type=object)
 
     c.eval = ml_collections.ConfigDict()
     # 0: evaluate only at the end of training.
@@ -95,8 +97,9 @@ def base_config() -> ml_collections.ConfigDict:
     # Permanent checkpoints every K steps (0: none); the final checkpoint is always kept.
     c.checkpoint.keep_every_steps = 0
     c.checkpoint.async_save = True
-    # "sizes" or "sha256": what the completion manifest of each checkpoint records and checks.
-    c.checkpoint.verify = "sha256"
+    # "sizes" or "checksums": what the completion manifest of each checkpoint records and checks
+    # (checksums: every array's, computed on its devices while saving, checked after restore).
+    c.checkpoint.verify = "checksums"
     # Warm start: a checkpoint directory whose parameters initialise a fresh run.
     c.checkpoint.init_from = ""
 
@@ -128,6 +131,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.train_files = FieldReference((), field_type=object)
     c.data.validation_files = FieldReference((), field_type=object)
     c.data.tokenizer = "byte"
+    # A tokenizer.json's bos / eos token strings ("" for none); None: its usual names are tried.
+    c.data.bos_token = placeholder(str)
+    c.data.eos_token = placeholder(str)
     c.data.seq_len = 128
     # Empty: ~/.cache/meltemi/data (or $MELTEMI_CACHE/data).
     c.data.cache_dir = ""

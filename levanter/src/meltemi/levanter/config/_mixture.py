@@ -6,10 +6,11 @@
     config.data.components.tests = mixture_component("text:/path/test_*.py", 0.25)
     config.data.weight_stages = ((200, {"code": 0.5, "tests": 0.5}),)
 
-`mixture_plan` checks all of it before any store is built and names the key, the value and
-the fix. Components are ordered by name, so the rows of a step depend on the config's values
-only (not on the order the file listed them in): with the step's global rows fixed by the
-batch-size schedule, any batch is a pure function of (config, seed, step).
+`mixture_plan` checks all of it and names the key, the value and the fix; `resolve` calls it,
+so a bad mixture stops before any store is built. Components are ordered by name, so the rows
+of a step depend on the config's values only (not on the order the file listed them in): with
+the step's global rows fixed by the batch-size schedule, any batch is a pure function of
+(config, seed, step).
 """
 
 from __future__ import annotations
@@ -18,13 +19,11 @@ import dataclasses
 import difflib
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from meltemi import data as md
-from meltemi.levanter.trainer._parts import BuildError
+from meltemi.levanter.config._errors import ConfigError
 
 COMPONENT_KEYS = ("source", "weight", "validation")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -34,7 +33,7 @@ _EXAMPLE = (
 )
 
 
-class MixtureConfigError(BuildError):
+class MixtureConfigError(ConfigError):
     """`data.components` / `data.weight_stages` that do not describe a mixture."""
 
 
@@ -60,13 +59,8 @@ class MixturePlan:
 
 
 def file_source(name: str, paths: tuple[str, ...]) -> md.Source:
-    """Text, JSON lines or Parquet files, by the first path's extension."""
-    first = paths[0].lower()
-    if ".jsonl" in first or first.endswith(".json"):
-        return md.JsonlFiles(name, paths)
-    if first.endswith(".parquet"):
-        return md.ParquetFiles(name, paths)
-    return md.TextFiles(name, paths)
+    """Text, JSON lines or Parquet files (and directories of them), each read by its own name."""
+    return md.Files(name, paths)
 
 
 def parse_component_source(key: str, name: str, spec: Any) -> md.Source:
@@ -242,30 +236,3 @@ def mixture_plan(config) -> MixturePlan | None:
     _check_sum("data.components.*.weight: the weights", weights)
     stages = [(0, weights)] + _stages(config, names)
     return MixturePlan(tuple(components), tuple(stages))
-
-
-def make_mixture(
-    plan: MixturePlan,
-    datasets: Mapping[str, md.PackedDataset],
-    batch_segments: tuple[tuple[int, int], ...],
-    seed: int,
-) -> md.MixtureDataset:
-    """The mixture over `datasets` (one per component) for a batch-size schedule."""
-    return md.MixtureDataset(
-        {n: datasets[n] for n in plan.names},
-        [(step, dict(w)) for step, w in plan.stages],
-        batch_size=batch_segments,
-        seed=seed,
-    )
-
-
-def fraction_metrics(mixture: md.MixtureDataset) -> Callable[[np.ndarray], dict[str, float]]:
-    """`rows -> {"data/<component>/fraction": share of the rows}` (no tokens are read)."""
-    names = list(mixture.names)
-
-    def metrics(rows: np.ndarray) -> dict[str, float]:
-        counts = np.bincount(mixture.components_of(rows), minlength=len(names))
-        total = max(int(counts.sum()), 1)
-        return {f"data/{n}/fraction": int(c) / total for n, c in zip(names, counts, strict=True)}
-
-    return metrics

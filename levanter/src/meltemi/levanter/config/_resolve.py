@@ -16,20 +16,9 @@ from typing import Any
 import ml_collections
 
 from meltemi.levanter.config._base import base_config
+from meltemi.levanter.config._errors import ConfigError, ConfigTypeError, UnknownConfigKeyError
 
 PROVENANCES = ("default", "file", "variant", "flag")
-
-
-class ConfigError(ValueError):
-    """A config file, variant or override that cannot be used as given."""
-
-
-class UnknownConfigKeyError(ConfigError):
-    """An override or variant names a key the config does not have."""
-
-
-class ConfigTypeError(ConfigError):
-    """An override's value cannot be converted to its field's type."""
 
 
 def flatten(config: ml_collections.ConfigDict | Mapping[str, Any], prefix: str = "") -> dict:

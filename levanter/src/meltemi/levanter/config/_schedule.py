@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from meltemi.levanter.config._errors import ConfigError
 from meltemi.levanter.optim import BatchSchedule, OptimizerConfigError
 
 
-class BatchScheduleError(ValueError):
+class BatchScheduleError(ConfigError):
     """`trainer.batch_schedule` text that does not describe a schedule."""
 
 

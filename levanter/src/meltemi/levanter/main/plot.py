@@ -6,12 +6,12 @@ import os
 import pathlib
 import sys
 
+from absl import app, flags
+
+from meltemi.levanter.tracking import plot_loss_curve
+
 
 def main(argv: list[str]) -> int:
-    from absl import flags
-
-    from meltemi.levanter.tracking import plot_loss_curve
-
     run_dir = pathlib.Path(flags.FLAGS.run_dir).expanduser()
     if not run_dir.is_absolute():
         run_dir = pathlib.Path(os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()) / run_dir
@@ -26,8 +26,6 @@ def main(argv: list[str]) -> int:
 
 def run() -> None:
     """Entry point."""
-    from absl import app, flags
-
     flags.DEFINE_string("run_dir", None, "A run directory holding metrics.jsonl.", required=True)
     flags.DEFINE_string("out", "", "The PNG to write (default: run_dir/loss.png).")
     app.run(lambda argv: sys.exit(main(argv)))

@@ -15,7 +15,27 @@ import os
 import sys
 from collections.abc import Sequence
 
-from meltemi.levanter.config import ConfigError, load_config, parse_override_args, resolve_path
+from absl import app, flags
+from absl import logging as absl_logging
+from ml_collections import config_flags
+
+from meltemi import data as md
+from meltemi.levanter.checkpoint import CheckpointError
+from meltemi.levanter.config import (
+    ConfigError,
+    load_config,
+    parse_override_args,
+    resolve,
+    resolve_path,
+    resolve_run_dir,
+)
+from meltemi.levanter.trainer import (
+    PREEMPTED_EXIT_CODE,
+    Trainer,
+    display_path,
+    dry_run,
+    launch_multislice,
+)
 
 _RESOLVED = {}
 
@@ -49,9 +69,6 @@ def _absolute_config(argv: list[str]) -> list[str]:
 
 def define_flags() -> None:
     """Registers the binary's flags (called only when it runs)."""
-    from absl import flags
-    from ml_collections import config_flags
-
     config_flags.DEFINE_config_file(
         "config",
         None,
@@ -68,6 +85,12 @@ def define_flags() -> None:
     flags.DEFINE_integer(
         "dry_run_devices", 0, "Virtual CPU devices for --dry_run (0: mesh.* decides, min 1)."
     )
+    flags.DEFINE_string(
+        "export_hf",
+        "",
+        "After training (or for a finished run), write the final parameters as a Hugging Face "
+        "checkpoint in this directory (config.json + safetensors; transformers loads it).",
+    )
     flags.DEFINE_float(
         "dry_run_hbm_gib",
         0.0,
@@ -76,8 +99,6 @@ def define_flags() -> None:
 
 
 def _parse(argv: list[str]) -> list[str]:
-    from absl import flags
-
     argv = _absolute_config(list(argv))
     spec = config_arg(argv)
     if spec is None:
@@ -96,44 +117,37 @@ def _parse(argv: list[str]) -> list[str]:
 
 
 def main(argv: Sequence[str]) -> int:
-    from absl import flags
-
+    """Runs the binary; a config (or checkpoint) mistake is one `error:` line and status 2."""
+    del argv
     FLAGS = flags.FLAGS  # noqa: N806
     if not FLAGS["verbosity"].present:
-        from absl import logging as absl_logging
-
         # orbax logs every file it renames at INFO; the progress bar is the run's voice.
         absl_logging.set_verbosity(absl_logging.WARNING)
     resolved = _RESOLVED["config"]
-    if FLAGS.print_config:
-        from meltemi.levanter.trainer import resolve_run_dir
-
-        print(resolved.format())
-        print(f"# run_dir resolves to {resolve_run_dir(resolved.config)}")
-        return 0
-    if FLAGS.dry_run:
-        from meltemi.levanter.trainer import TrainerError, dry_run
-
-        try:
+    try:
+        if FLAGS.print_config:
+            print(resolved.format())
+            config = resolved.config
+            print(f"# run_dir resolves to {resolve_run_dir(config.name, config.run_dir)}")
+            return 0
+        spec = resolve(resolved)  # every check, before any data, model or mesh work
+        if FLAGS.dry_run:
             report = dry_run(
-                resolved,
+                spec,
                 num_devices=FLAGS.dry_run_devices or None,
                 hbm_gib=FLAGS.dry_run_hbm_gib if FLAGS["dry_run_hbm_gib"].present else None,
             )
-        except TrainerError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        print(report.format())
-        return 0
-    if resolved.config.mesh.num_slices > 1 and "MELTEMI_SLICE_INDEX" not in os.environ:
-        from meltemi.levanter.trainer import launch_multislice
-
-        return launch_multislice(resolved)
-    from meltemi.levanter.trainer import PREEMPTED_EXIT_CODE, BuildError, train
-
-    try:
-        result = train(resolved)
-    except BuildError as e:  # a data/model/optimizer setting: the message names the key
+            print(report.format())
+            return 0
+        if spec.mesh.num_slices > 1 and "MELTEMI_SLICE_INDEX" not in os.environ:
+            return launch_multislice(spec)
+        trainer = Trainer(spec)
+        result = trainer.run()
+        if FLAGS.export_hf and not result.preempted:
+            directory = resolve_run_dir("", FLAGS.export_hf)  # relative to the user's cwd
+            trainer.export_hf(directory)
+            result.summary += f"\n  Hugging Face export: {display_path(directory)}"
+    except (ConfigError, CheckpointError, md.StoreError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(result.summary, flush=True)
@@ -142,8 +156,6 @@ def main(argv: Sequence[str]) -> int:
 
 def run() -> None:
     """Entry point: defines the flags and runs `main`."""
-    from absl import app
-
     define_flags()
     app.run(lambda argv: sys.exit(main(argv)), flags_parser=_parse)
 

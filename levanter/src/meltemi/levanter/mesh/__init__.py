@@ -9,9 +9,11 @@ Example:
 from meltemi.levanter.mesh._mesh import (
     BATCH_AXES,
     COMPUTE_RULES,
+    MESH_AXES,
     PARAMETER_RULES,
     MeshConfigError,
     MeshShape,
+    check_sizes,
     data_parallel_size,
     make_mesh,
 )
@@ -19,9 +21,11 @@ from meltemi.levanter.mesh._mesh import (
 __all__ = [
     "BATCH_AXES",
     "COMPUTE_RULES",
+    "MESH_AXES",
     "PARAMETER_RULES",
     "MeshConfigError",
     "MeshShape",
+    "check_sizes",
     "data_parallel_size",
     "make_mesh",
 ]

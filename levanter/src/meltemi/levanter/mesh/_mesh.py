@@ -8,30 +8,50 @@ from collections.abc import Mapping, Sequence
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 
-from meltemi.levanter.config import MESH_AXES
+# Mesh axes, outermost first. `replica` and `data` are pure data parallelism, `fsdp` shards
+# parameters and optimizer state too, `tensor` shards within a layer, `expert` shards experts.
+MESH_AXES = ("replica", "data", "fsdp", "expert", "tensor")
 
 
 class MeshConfigError(ValueError):
     """`mesh.*` values that cannot be laid out on the available devices."""
 
 
-def _fill(sizes: Mapping[str, int], total: int, what: str) -> dict[str, int]:
+def check_sizes(sizes: Mapping[str, int], what: str) -> dict[str, int]:
+    """Checks one level's sizes without devices (axis names, positive or one -1).
+
+    Example:
+        >>> check_sizes({"fsdp": -1, "tensor": 2}, "ici")["tensor"]
+        2
+    """
     unknown = [a for a in sizes if a not in MESH_AXES]
     if unknown:
         raise MeshConfigError(f"mesh.{what}.{unknown[0]}: unknown mesh axis; axes are {MESH_AXES}.")
+    bools = [a for a, s in sizes.items() if isinstance(s, bool) or not isinstance(s, int)]
+    if bools:
+        raise MeshConfigError(
+            f"mesh.{what}.{bools[0]}={sizes[bools[0]]!r}: a size is an int (or -1 to fill)."
+        )
     sizes = {a: int(sizes.get(a, 1)) for a in MESH_AXES}
-    free = [a for a, s in sizes.items() if s == -1]
     bad = [a for a, s in sizes.items() if s == 0 or s < -1]
     if bad:
         raise MeshConfigError(
             f"mesh.{what}.{bad[0]}={sizes[bad[0]]}: sizes are positive, or -1 to fill the rest."
         )
+    free = [a for a, s in sizes.items() if s == -1]
     if len(free) > 1:
         raise MeshConfigError(
             f"mesh.{what}: {free} are all -1; at most one axis may fill the rest "
             f"(set e.g. --config.mesh.{what}.{free[1]}=1)."
         )
+    return sizes
+
+
+def _fill(sizes: Mapping[str, int], total: int, what: str) -> dict[str, int]:
+    sizes = check_sizes(sizes, what)
+    free = [a for a, s in sizes.items() if s == -1]
     fixed = math.prod(s for s in sizes.values() if s != -1)
     if free:
         if total % fixed:
@@ -78,24 +98,14 @@ class MeshShape:
         return {a: self.ici[a] * self.dcn[a] for a in MESH_AXES}
 
 
-def _slices(devices: Sequence[jax.Device], num_slices: int) -> list[list[jax.Device]]:
-    if num_slices == 1:
-        return [list(devices)]
+def _granule(devices: Sequence[jax.Device], num_slices: int) -> str | None:
+    """What marks a slice: TPU `slice_index`, else one process per slice, else nothing."""
     if all(hasattr(d, "slice_index") for d in devices):
-        groups: dict[int, list] = {}
-        for d in devices:
-            groups.setdefault(d.slice_index, []).append(d)
-        if len(groups) == num_slices:
-            return [groups[k] for k in sorted(groups)]
-    by_process: dict[int, list] = {}
-    for d in devices:
-        by_process.setdefault(d.process_index, []).append(d)
-    if len(by_process) == num_slices:
-        return [by_process[k] for k in sorted(by_process)]
-    # One process holding several (fake) slices: consecutive device ids form a slice.
-    per = len(devices) // num_slices
-    ordered = sorted(devices, key=lambda d: d.id)
-    return [ordered[i * per : (i + 1) * per] for i in range(num_slices)]
+        if len({d.slice_index for d in devices}) == num_slices:
+            return "slice"
+    if len({d.process_index for d in devices}) == num_slices:
+        return "process"
+    return None
 
 
 def make_mesh(
@@ -107,8 +117,10 @@ def make_mesh(
 ) -> jax.sharding.Mesh:
     """Builds a mesh with axes `MESH_AXES`; each axis is dcn-major, ici-minor.
 
-    Devices of one slice (TPU `slice_index`, else one process per slice, else consecutive
-    ids) share the dcn coordinates, so only the dcn axes cross the slow network.
+    Devices of one slice (TPU `slice_index`, else one process per slice) share the dcn
+    coordinates, so only the dcn axes cross the slow network: that grid is
+    `jax.experimental.mesh_utils.create_hybrid_device_mesh`'s. One process holding several
+    slices (fake CPU devices, in tests) takes consecutive device ids as a slice.
 
     Example:
         >>> mesh = make_mesh({"data": -1})
@@ -117,31 +129,37 @@ def make_mesh(
     """
     devices = list(jax.devices() if devices is None else devices)
     shape = MeshShape.resolve(ici, dcn or {}, len(devices), num_slices)
-    slices = _slices(devices, num_slices)
     ici_shape = [shape.ici[a] for a in MESH_AXES]
-    per_slice = []
-    for slice_devices in slices:
-        try:
-            from jax.experimental import mesh_utils
-
-            grid = mesh_utils.create_device_mesh(
-                ici_shape, devices=slice_devices, allow_split_physical_axes=True
+    dcn_shape = [shape.dcn[a] for a in MESH_AXES]
+    granule = _granule(devices, num_slices)
+    if num_slices == 1:
+        grid = mesh_utils.create_device_mesh(
+            ici_shape, devices=devices, allow_split_physical_axes=True
+        )
+    elif granule is not None:
+        grid = mesh_utils.create_hybrid_device_mesh(
+            ici_shape,
+            dcn_shape,
+            devices=devices,
+            process_is_granule=granule == "process",
+            allow_split_physical_axes=True,
+        )
+    else:
+        per = len(devices) // num_slices
+        ordered = sorted(devices, key=lambda d: d.id)
+        blocks = np.empty(num_slices, dtype=object)
+        for i in range(num_slices):
+            blocks[i] = np.asarray(ordered[i * per : (i + 1) * per], dtype=object).reshape(
+                ici_shape
             )
-        except Exception:  # CPU and other backends without a physical topology
-            grid = np.asarray(slice_devices, dtype=object).reshape(ici_shape)
-        per_slice.append(grid)
-    n = len(MESH_AXES)
-    grid = np.stack(per_slice).reshape([shape.dcn[a] for a in MESH_AXES] + ici_shape)
-    # (dcn_0..dcn_n, ici_0..ici_n) -> (dcn_0, ici_0, dcn_1, ici_1, ...) -> merge pairs.
-    grid = grid.transpose([i for pair in zip(range(n), range(n, 2 * n)) for i in pair])
-    grid = grid.reshape([shape.sizes[a] for a in MESH_AXES])
+        grid = np.block(blocks.reshape(dcn_shape).tolist())
     return jax.sharding.Mesh(grid, MESH_AXES)
 
 
 # Logical (model) axis -> mesh axes. Parameters are sharded over `fsdp` along the embedding
 # axis and over `tensor` along heads/MLP/vocab, experts over `expert`; activations split the
 # batch over every data-parallel axis (replica, data and fsdp) and keep `embed` whole.
-BATCH_AXES = ("replica", "data", "fsdp")
+BATCH_AXES = ("replica", "data", "fsdp", "expert")
 PARAMETER_RULES: dict[str, str | tuple[str, ...] | None] = {
     "embed": "fsdp",
     "mlp": "tensor",

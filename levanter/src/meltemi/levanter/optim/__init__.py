@@ -14,11 +14,12 @@ what the trainer logs; `build_optimizer(config)` builds the whole chain from a c
 >>> state = tx.init(params)
 >>> updates, state = tx.update(params, state, params, loss=jnp.float32(2.3))
 >>> sorted(optim.metrics(state))[:3]
-['grad_clip_threshold', 'grad_clipped', 'grad_norm']
+['grad_clip_norm', 'grad_clip_threshold', 'grad_clipped']
 """
 
 from meltemi.levanter.optim._adamw import (
     ADAMC_MODES,
+    DEFAULT_NO_ADAMC_PATTERNS,
     DEFAULT_NO_DECAY_PATTERNS,
     LearningRateState,
     WeightDecayState,
@@ -44,14 +45,13 @@ from meltemi.levanter.optim._errors import OptimizerConfigError
 from meltemi.levanter.optim._metrics import SKIP_REASONS, metrics, skip_reasons
 from meltemi.levanter.optim._muon import (
     DEFAULT_ADAM_PATTERNS,
+    DEFAULT_BATCH_AXES,
     DEFAULT_NS_COEFFS,
-    MatrixDims,
-    MuonState,
+    MUON_SCALES,
+    MuonDimensionNumbers,
     muon,
+    muon_dimension_numbers,
     muon_labels,
-    muon_matrix_dims,
-    newton_schulz,
-    orthogonalize,
     scale_by_muon,
 )
 from meltemi.levanter.optim._named import is_named_array
@@ -73,15 +73,17 @@ __all__ = [
     "ADAMC_MODES",
     "DECAY_SHAPES",
     "DEFAULT_ADAM_PATTERNS",
+    "DEFAULT_BATCH_AXES",
+    "DEFAULT_NO_ADAMC_PATTERNS",
     "DEFAULT_NO_DECAY_PATTERNS",
     "DEFAULT_NS_COEFFS",
+    "MUON_SCALES",
     "SKIP_REASONS",
     "BatchSchedule",
     "EmaState",
     "GradClipState",
     "LearningRateState",
-    "MatrixDims",
-    "MuonState",
+    "MuonDimensionNumbers",
     "OptimizerConfig",
     "OptimizerConfigError",
     "Schedule",
@@ -106,10 +108,8 @@ __all__ = [
     "linear_schedule",
     "metrics",
     "muon",
+    "muon_dimension_numbers",
     "muon_labels",
-    "muon_matrix_dims",
-    "newton_schulz",
-    "orthogonalize",
     "scale_by_learning_rate",
     "scale_by_muon",
     "skip_reasons",

@@ -3,8 +3,14 @@
 `adamw` is `optax.chain(optax.scale_by_adam, add_decayed_weights, scale_by_learning_rate)`, the
 same recipe as `optax.adamw` (so numerics match it), with two additions: the decay mask
 defaults to "no decay on norms, biases and embeddings" by parameter path, and the decay can be
-AdamC's `wd * lr_t / lr_max` (Defazio et al. 2025), so the decay applied per step,
-`lr_t * wd_t`, scales with `lr_t ** 2 / lr_max`, either always or only during decay phases.
+AdamC's `wd * lr_t / lr_max`, so the decay applied per step, `lr_t * wd_t`, scales with
+`lr_t ** 2 / lr_max`, either always or only during decay phases.
+
+AdamC is from A. Defazio, "Why Gradients Rapidly Increase Near the End of Training", 2025
+(arXiv:2506.02285). Its argument holds for weights followed by a normalisation layer, so the
+paper corrects the hidden linear layers and not the output layer: by default the correction
+skips the paths in `DEFAULT_NO_ADAMC_PATTERNS` (the output head and, when tied, the
+embedding), which keep plain decay; `adamc_mask=` chooses otherwise.
 """
 
 from __future__ import annotations
@@ -35,6 +41,15 @@ DEFAULT_NO_DECAY_PATTERNS: tuple[str, ...] = (
 )
 
 
+#: Decayed parameters whose path matches one of these keep plain decay under AdamC: the output
+#: layer (and embeddings, the output layer when tied), as in Defazio 2025 (arXiv:2506.02285).
+DEFAULT_NO_ADAMC_PATTERNS: tuple[str, ...] = (
+    r"lm_head",
+    r"embed",
+    r"(^|/)w[pt]e(/|$)",
+)
+
+
 def decay_mask(params: Any, no_decay: Sequence[str] = DEFAULT_NO_DECAY_PATTERNS) -> Any:
     """True for parameters that get weight decay: those whose path matches no `no_decay` regex.
 
@@ -54,9 +69,15 @@ def decay_mask(params: Any, no_decay: Sequence[str] = DEFAULT_NO_DECAY_PATTERNS)
     )
 
 
-def _resolve_mask(mask: Any, params: Any) -> Any:
+def _resolve_mask(
+    mask: Any, params: Any, default: Sequence[str] = DEFAULT_NO_DECAY_PATTERNS
+) -> Any:
     if mask is None:
-        return decay_mask(params)
+        return decay_mask(params, default)
+    if isinstance(mask, str):
+        raise OptimizerConfigError(
+            f"mask={mask!r} is a string; pass a tuple of path regexes, e.g. mask=({mask!r},)"
+        )
     if isinstance(mask, (list, tuple)) and all(isinstance(m, str) for m in mask):
         return decay_mask(params, mask)
     if callable(mask):
@@ -96,6 +117,7 @@ def add_decayed_weights(
     mask: Any = None,
     *,
     adamc: AdamCMode = "off",
+    adamc_mask: Any = None,
     learning_rate: ScalarOrSchedule | None = None,
     lr_max: float | None = None,
 ) -> optax.GradientTransformation:
@@ -107,6 +129,9 @@ def add_decayed_weights(
             path regexes to exclude, a bool pytree (prefix of params), or `params -> pytree`.
         adamc: "off": `wd_t = wd`; "always": `wd_t = wd * lr_t / lr_max`; "decay": AdamC only
             where `learning_rate.in_decay(t)` (a `Schedule`), plain `wd` elsewhere.
+        adamc_mask: which decayed parameters AdamC corrects (the others keep `wd`): None
+            (default: all but `DEFAULT_NO_ADAMC_PATTERNS`, the output head, as in Defazio
+            2025), path regexes to exclude, a bool pytree or `params -> pytree`.
         learning_rate: the schedule the chain applies afterwards (needed by AdamC).
         lr_max: AdamC's reference lr; default the schedule's `.peak`.
 
@@ -153,14 +178,20 @@ def add_decayed_weights(
                 "add_decayed_weights needs params: call tx.update(updates, state, params)"
             )
         wd = effective_wd(state.count)
+        plain = jnp.float32(weight_decay)
         mask_tree = _resolve_mask(mask, params)
+        if adamc == "off":
+            adamc_tree = jax.tree.map(lambda _: False, mask_tree)
+        else:
+            adamc_tree = _resolve_mask(adamc_mask, params, DEFAULT_NO_ADAMC_PATTERNS)
 
-        def decay(m: bool, g: Any, p: Any) -> Any:
+        def decay(m: bool, corrected: bool, g: Any, p: Any) -> Any:
             if not m:
                 return g
-            return jax.tree.map(lambda a, b: a + wd.astype(b.dtype) * b, g, p)
+            rate = wd if corrected else plain
+            return jax.tree.map(lambda a, b: a + rate.astype(b.dtype) * b, g, p)
 
-        updates = jax.tree.map(decay, mask_tree, updates, params)
+        updates = jax.tree.map(decay, mask_tree, adamc_tree, updates, params)
         count = optax.safe_increment(state.count)
         return updates, WeightDecayState(count, wd)
 
@@ -213,6 +244,7 @@ def adamw(
     mask: Any = None,
     *,
     adamc: AdamCMode = "off",
+    adamc_mask: Any = None,
     lr_max: float | None = None,
     eps_root: float = 0.0,
     mu_dtype: Any = None,
@@ -221,7 +253,7 @@ def adamw(
     """AdamW: Adam scaling, decoupled (optionally AdamC) weight decay, then `-lr`.
 
     Numerically the recipe of `optax.adamw` (given the same mask); see `add_decayed_weights`
-    for `mask`, `adamc` and `lr_max`.
+    for `mask`, `adamc`, `adamc_mask` and `lr_max`; `mu_dtype` is the first moment's dtype.
 
     Example:
         >>> import jax.numpy as jnp
@@ -236,7 +268,8 @@ def adamw(
             b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nesterov=nesterov
         ),
         add_decayed_weights(
-            weight_decay, mask, adamc=adamc, learning_rate=learning_rate, lr_max=lr_max
+            weight_decay, mask, adamc=adamc, adamc_mask=adamc_mask, learning_rate=learning_rate,
+            lr_max=lr_max,
         ),
         scale_by_learning_rate(learning_rate),
-    )
+    )  # fmt: skip

@@ -25,6 +25,10 @@ from meltemi.levanter.optim._history import (
 from meltemi.levanter.optim._metrics import register_metrics
 
 
+def _zero() -> jax.Array:
+    return jnp.zeros((), jnp.float32)
+
+
 def step_schedule(pairs: Sequence[tuple[int, float]]) -> Callable[[jax.Array], jax.Array]:
     """A piecewise-constant schedule from `(start_step, value)` pairs (the first at step 0).
 
@@ -62,7 +66,7 @@ class GradClipState(NamedTuple):
 
     def _metrics(self) -> dict[str, jax.Array]:
         return {
-            "grad_norm": self.grad_norm,
+            "grad_clip_norm": self.grad_norm,
             "grad_clip_threshold": self.threshold,
             "grad_clipped": self.clipped.astype(jnp.float32),
         }
@@ -88,8 +92,8 @@ def clip_by_global_norm(
 
     def init_fn(params: Any) -> GradClipState:
         del params
-        z = jnp.zeros((), jnp.float32)
-        return GradClipState(jnp.zeros((), jnp.int32), z, z, jnp.zeros((), bool))
+        # Distinct buffers (never one zero shared by two fields), so the state can be donated.
+        return GradClipState(jnp.zeros((), jnp.int32), _zero(), _zero(), jnp.zeros((), bool))
 
     def update_fn(updates: Any, state: GradClipState, params: Any = None):
         del params
@@ -136,7 +140,7 @@ class UpdateClipState(NamedTuple):
 
     def _metrics(self) -> dict[str, jax.Array]:
         return {
-            "update_norm": self.update_norm,
+            "update_clip_norm": self.update_norm,
             "update_clip_threshold": self.threshold,
             "update_clipped": self.clipped.astype(jnp.float32),
         }
@@ -166,8 +170,7 @@ def clip_update_norm(
 
     def init_fn(params: Any) -> UpdateClipState:
         del params
-        z = jnp.zeros((), jnp.float32)
-        return UpdateClipState(history_init(window), z, z, jnp.zeros((), bool))
+        return UpdateClipState(history_init(window), _zero(), _zero(), jnp.zeros((), bool))
 
     def update_fn(updates: Any, state: UpdateClipState, params: Any = None):
         del params

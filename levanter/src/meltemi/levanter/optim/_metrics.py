@@ -7,13 +7,16 @@
 |---|---|---|
 | `learning_rate` | `scale_by_learning_rate` | lr applied at the last step |
 | `weight_decay` | `add_decayed_weights` | effective decay (AdamC scales it by lr_t / lr_max) |
-| `grad_norm`, `grad_clip_threshold`, `grad_clipped` | `clip_by_global_norm` | before clipping |
-| `update_norm`, `update_clip_threshold`, `update_clipped` | `clip_update_norm` | unclipped norm |
+| `grad_clip_norm`, `grad_clip_threshold`, `grad_clipped` | `clip_by_global_norm` | pre-clip |
+| `update_clip_norm`, `update_clip_threshold`, `update_clipped` | `clip_update_norm` | unclipped |
 | `skip/skipped`, `skip/reason`, `skip/loss`, `skip/grad_norm`, ... | `skip_step` | see below |
 
 `skip/reason` is a bit set (`SKIP_REASONS`): decode it on the host with `skip_reasons(code)`.
 A second transform of the same kind gets a suffix (`grad_norm_1`); the groups of
 `optax.multi_transform` (Muon's `muon` and `adam`) prefix their names (`muon/learning_rate`).
+The clipping norms are `grad_clip_norm` / `update_clip_norm`, not `grad_norm` / `update_norm`:
+those are the trainer step's own measurements (of the gradients and of the applied update),
+which differ from the transforms' on a skipped step.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ def metrics(opt_state: Any) -> dict[str, jax.Array]:
         >>> tx = clip_by_global_norm(1.0)
         >>> _, state = tx.update({"w": jnp.array([3.0, 4.0])}, tx.init({"w": jnp.zeros(2)}))
         >>> {k: float(v) for k, v in metrics(state).items()}
-        {'grad_norm': 5.0, 'grad_clip_threshold': 1.0, 'grad_clipped': 1.0}
+        {'grad_clip_norm': 5.0, 'grad_clip_threshold': 1.0, 'grad_clipped': 1.0}
     """
     out: dict[str, jax.Array] = {}
 

@@ -1,15 +1,21 @@
-"""Muon: momentum, then Newton-Schulz orthogonalisation of each weight matrix's update.
+"""Muon (optax's `contrib.scale_by_muon`) on weight matrices, AdamW on the rest, by axis name.
 
-Only matrices are orthogonalised; every other parameter (norms, biases, embeddings, the output
-head, tensors with more than two matrix axes) goes to an AdamW fallback. Which axes form the
-matrix is decided by one small function, `muon_matrix_dims`:
+Muon orthogonalises each weight's momentum as a matrix `[inputs, outputs]` (Keller Jordan's
+Newton-Schulz iteration; optax does the multi-axis case with `MuonDimensionNumbers`: reduction
+axes, output axes, every other axis a batch of independent matrices). What is left to decide
+is which axes of a parameter are its inputs and which its outputs; one function,
+`muon_dimension_numbers(params)`, decides it by name:
 
-* a plain array is a matrix when it is 2-D;
-* a NamedArray (haliax) has its batch axes removed first (by name, default `layers`: a stacked
-  `Layers` axis of a scanned model is a batch of matrices, not a matrix dimension); it is a
-  matrix when exactly two axes remain.
+* the weight of a linear layer (any pytree node with `weight`, `In` and `Out`, as haliax's
+  `nn.Linear`): its `In` axes are the inputs, its `Out` axes the outputs, the rest (`layers`
+  of a scanned stack, `experts`) are batch axes. So `q_proj` (`embed` -> `kv_heads x
+  q_heads_per_group x head_size`) and `o_proj` are one matrix each per layer;
+* another NamedArray: its batch axes (default `layers`, `experts`) removed by name, it is a
+  matrix when exactly two axes remain, the first read as the input (`x @ W`);
+* a plain array: a matrix when 2-D, `[inputs, outputs]`.
 
-Pass `matrix_dims=` to `muon` to decide differently (e.g. to flatten `Heads x HeadSize`).
+Everything else (norms, biases, embeddings and the output head by path, see
+`DEFAULT_ADAM_PATTERNS`) goes to an AdamW fallback with its own learning rate.
 """
 
 from __future__ import annotations
@@ -17,11 +23,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 import optax
+from optax.contrib import MuonDimensionNumbers
 
 from meltemi.levanter.optim._adamw import (
     AdamCMode,
@@ -34,124 +41,144 @@ from meltemi.levanter.optim._errors import OptimizerConfigError
 from meltemi.levanter.optim._named import (
     axis_names,
     is_named_array,
-    map_params_with_path,
+    path_str,
     raw,
     rewrap,
 )
 
 #: Keller Jordan's quintic coefficients: fast, singular values land in roughly [0.7, 1.2].
 DEFAULT_NS_COEFFS: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
-#: 2-D parameters whose path matches one of these stay on AdamW (embeddings, output head).
+#: Parameters whose path matches one of these stay on AdamW (embeddings, output head).
 DEFAULT_ADAM_PATTERNS: tuple[str, ...] = (r"embed", r"lm_head", r"(^|/)w[pt]e(/|$)")
+#: NamedArray axes that index independent matrices (a scanned stack, a mixture of experts).
+DEFAULT_BATCH_AXES: tuple[str, ...] = ("layers", "experts")
 MuonScale = Literal["spectral", "rms", "none"]
+MUON_SCALES: tuple[str, ...] = ("spectral", "rms", "none")
+DimensionNumbersFn = Callable[[str, Any], MuonDimensionNumbers | None]
 
 
-class MatrixDims(NamedTuple):
-    """How an update tensor is viewed as a (batch of) matrices: dimension indices per role."""
+def _is_linear(x: Any) -> bool:
+    return (
+        not is_named_array(x)
+        and hasattr(x, "weight")
+        and hasattr(x, "In")
+        and hasattr(x, "Out")
+        and is_named_array(getattr(x, "weight", None))
+    )
 
-    batch: tuple[int, ...]
-    rows: tuple[int, ...]
-    cols: tuple[int, ...]
+
+def _names(spec: Any) -> tuple[str, ...]:
+    specs = spec if isinstance(spec, (tuple, list)) else (spec,)
+    return tuple(str(getattr(a, "name", a)) for a in specs)
 
 
-def muon_matrix_dims(leaf: Any, batch_axes: Sequence[str] = ("layers",)) -> MatrixDims | None:
-    """The matrix view of a parameter for Muon, or None when it is not a matrix.
+def _linear_axes(params: Any) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """`{path of a linear layer's weight: (input axis names, output axis names)}`."""
+    found = {}
+    nodes = jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_linear)[0]
+    for path, node in nodes:
+        if _is_linear(node):
+            prefix = path_str(path)
+            found[f"{prefix}/weight" if prefix else "weight"] = (
+                _names(node.In),
+                _names(node.Out),
+            )
+    return found
 
-    Args:
-        leaf: a plain array or a NamedArray (anything with `.axes` and `.array`).
-        batch_axes: axis names (case-insensitive) that index independent matrices.
+
+def _dims_of(
+    leaf: Any,
+    linear: tuple[tuple[str, ...], tuple[str, ...]] | None,
+    batch_axes: Sequence[str],
+) -> MuonDimensionNumbers | None:
+    names = axis_names(leaf)
+    if names is None:
+        return MuonDimensionNumbers(0, 1) if jnp.ndim(leaf) == 2 else None
+    if linear is not None:
+        ins, outs = linear
+        reduction = tuple(i for i, n in enumerate(names) if n in ins)
+        output = tuple(i for i, n in enumerate(names) if n in outs)
+        if len(reduction) == len(ins) and len(output) == len(outs) and ins and outs:
+            return MuonDimensionNumbers(reduction, output)
+        return None
+    lowered = {b.lower() for b in batch_axes}
+    rest = [i for i, n in enumerate(names) if n.lower() not in lowered]
+    if len(rest) != 2:
+        return None
+    return MuonDimensionNumbers(rest[0], rest[1])
+
+
+def _leaf_dims(
+    tree: Any,
+    batch_axes: Sequence[str],
+    adam_patterns: Sequence[str],
+    override: DimensionNumbersFn | None,
+) -> tuple[list, Any, list]:
+    """Every parameter of `tree` (a NamedArray is one), its treedef, and its dimension numbers."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_named_array)
+    leaves = [leaf for _, leaf in flat]
+    if override is not None:
+        return leaves, treedef, [override(path_str(p), leaf) for p, leaf in flat]
+    compiled = [re.compile(p) for p in adam_patterns]
+    linear = _linear_axes(tree)
+    dims = []
+    for p, leaf in flat:
+        path = path_str(p)
+        if any(c.search(path.lower()) for c in compiled):
+            dims.append(None)
+        else:
+            dims.append(_dims_of(leaf, linear.get(path), batch_axes))
+    return leaves, treedef, dims
+
+
+def muon_dimension_numbers(
+    params: Any,
+    *,
+    batch_axes: Sequence[str] = DEFAULT_BATCH_AXES,
+    adam_patterns: Sequence[str] = DEFAULT_ADAM_PATTERNS,
+) -> Any:
+    """Per parameter: its `MuonDimensionNumbers` (inputs, outputs), or None for AdamW.
+
+    The result has the structure of `params` with each array (or NamedArray) replaced.
 
     Example:
         >>> import jax.numpy as jnp
-        >>> muon_matrix_dims(jnp.ones((3, 5)))
-        MatrixDims(batch=(), rows=(0,), cols=(1,))
-        >>> muon_matrix_dims(jnp.ones((2, 3, 5))) is None
-        True
+        >>> dims = muon_dimension_numbers({"w": jnp.ones((3, 5)), "embed": jnp.ones((7, 3))})
+        >>> dims["w"], dims["embed"]
+        (MuonDimensionNumbers(reduction_axis=0, output_axis=1), None)
     """
-    names = axis_names(leaf)
-    if names is None:
-        return MatrixDims((), (0,), (1,)) if jnp.ndim(leaf) == 2 else None
-    lowered = {b.lower() for b in batch_axes}
-    batch = tuple(i for i, n in enumerate(names) if n.lower() in lowered)
-    rest = [i for i in range(len(names)) if i not in batch]
-    if len(rest) != 2:
-        return None
-    return MatrixDims(batch, (rest[0],), (rest[1],))
+    _, treedef, dims = _leaf_dims(params, batch_axes, adam_patterns, None)
+    return jax.tree_util.tree_unflatten(treedef, dims)
 
 
-def newton_schulz(
-    x: jax.Array,
-    steps: int = 5,
-    coeffs: tuple[float, float, float] = DEFAULT_NS_COEFFS,
-    eps: float = 1e-7,
-) -> jax.Array:
-    """Approximately orthogonalises the last two dims of `x` (in float32): `U S V^T -> U V^T`.
-
-    Each step is `X <- a X + (b A + c A A) X` with `A = X X^T`, on the wide orientation.
-
-    Example (the convergent cubic iteration reaches the exact polar factor):
-        >>> import jax, jax.numpy as jnp
-        >>> x = jax.random.normal(jax.random.key(0), (3, 5))
-        >>> o = newton_schulz(x, steps=40, coeffs=(1.5, -0.5, 0.0))
-        >>> bool(jnp.allclose(o @ o.T, jnp.eye(3), atol=1e-4))
-        True
-    """
-    a, b, c = coeffs
-    dtype = x.dtype
-    x = x.astype(jnp.float32)
-    tall = x.shape[-2] > x.shape[-1]
-    if tall:
-        x = jnp.swapaxes(x, -1, -2)
-    x = x / (jnp.linalg.norm(x, axis=(-2, -1), keepdims=True) + eps)
-    for _ in range(steps):
-        gram = x @ jnp.swapaxes(x, -1, -2)
-        x = a * x + (b * gram + c * gram @ gram) @ x
-    if tall:
-        x = jnp.swapaxes(x, -1, -2)
-    return x.astype(dtype)
-
-
-def _scale(rows: int, cols: int, scale: str) -> float:
-    if scale == "spectral":  # Keller Jordan: unit spectral norm per input dim
-        return math.sqrt(max(1.0, rows / cols))
-    if scale == "rms":  # Moonshot: match AdamW's update RMS (~0.2) so the lr transfers
-        return 0.2 * math.sqrt(max(rows, cols))
-    return 1.0
-
-
-def orthogonalize(
-    x: jax.Array,
-    dims: MatrixDims,
+def muon_labels(
+    params: Any,
     *,
-    steps: int = 5,
-    coeffs: tuple[float, float, float] = DEFAULT_NS_COEFFS,
-    scale: MuonScale = "spectral",
-) -> jax.Array:
-    """Newton-Schulz on each matrix of `x` as described by `dims`, then Muon's shape scaling.
+    batch_axes: Sequence[str] = DEFAULT_BATCH_AXES,
+    adam_patterns: Sequence[str] = DEFAULT_ADAM_PATTERNS,
+    dimension_numbers: DimensionNumbersFn | None = None,
+) -> Any:
+    """`"muon"` for the parameters Muon orthogonalises, `"adam"` for everything else.
 
-    Example (a stacked batch axis in front: each of the 2 matrices is orthogonalised alone):
-        >>> import jax, jax.numpy as jnp
-        >>> x = jax.random.normal(jax.random.key(1), (2, 3, 5))
-        >>> o = orthogonalize(x, MatrixDims((0,), (1,), (2,)), steps=40,
-        ...                   coeffs=(1.5, -0.5, 0.0), scale="none")
-        >>> bool(jnp.allclose(o[1] @ o[1].T, jnp.eye(3), atol=1e-4))
-        True
+    Example:
+        >>> import jax.numpy as jnp
+        >>> muon_labels({"embed": jnp.ones((7, 3)), "w": jnp.ones((3, 5)), "b": jnp.ones(5)})
+        {'b': 'adam', 'embed': 'adam', 'w': 'muon'}
     """
-    perm = (*dims.batch, *dims.rows, *dims.cols)
-    moved = jnp.transpose(x, perm)
-    batch_shape = moved.shape[: len(dims.batch)]
-    rows = math.prod(x.shape[d] for d in dims.rows)
-    cols = math.prod(x.shape[d] for d in dims.cols)
-    mats = moved.reshape((*batch_shape, rows, cols))
-    out = newton_schulz(mats, steps, coeffs) * _scale(rows, cols, scale)
-    out = out.reshape(moved.shape).astype(x.dtype)
-    return jnp.transpose(out, tuple(perm.index(i) for i in range(x.ndim)))
+    _, treedef, dims = _leaf_dims(params, batch_axes, adam_patterns, dimension_numbers)
+    return jax.tree_util.tree_unflatten(treedef, ["adam" if d is None else "muon" for d in dims])
 
 
-class MuonState(NamedTuple):
-    """State of `scale_by_muon`: the momentum buffer (same structure as the params)."""
-
-    momentum: Any
+def _shape_scale(x: jax.Array, dims: MuonDimensionNumbers, scale: str) -> jax.Array:
+    red = (dims.reduction_axis,) if isinstance(dims.reduction_axis, int) else dims.reduction_axis
+    out = (dims.output_axis,) if isinstance(dims.output_axis, int) else dims.output_axis
+    fan_in = math.prod(x.shape[a] for a in red)
+    fan_out = math.prod(x.shape[a] for a in out)
+    if scale == "spectral":  # Keller Jordan: unit RMS->RMS operator norm, sqrt(fan_out / fan_in)
+        return x * math.sqrt(max(1.0, fan_out / fan_in))
+    if scale == "rms":  # Moonshot (arXiv 2502.16982): match AdamW's update RMS (~0.2)
+        return x * (0.2 * math.sqrt(max(fan_in, fan_out)))
+    return x
 
 
 def scale_by_muon(
@@ -161,12 +188,16 @@ def scale_by_muon(
     ns_steps: int = 5,
     ns_coeffs: tuple[float, float, float] = DEFAULT_NS_COEFFS,
     scale: MuonScale = "spectral",
-    matrix_dims: Callable[[Any], MatrixDims | None] = muon_matrix_dims,
+    mu_dtype: Any = None,
+    batch_axes: Sequence[str] = DEFAULT_BATCH_AXES,
+    adam_patterns: Sequence[str] = DEFAULT_ADAM_PATTERNS,
+    dimension_numbers: DimensionNumbersFn | None = None,
 ) -> optax.GradientTransformation:
-    """Momentum (EMA of gradients), Nesterov look-ahead, then per-matrix orthogonalisation.
+    """optax's `contrib.scale_by_muon` on named parameters, then Muon's shape scaling.
 
-    Every parameter given to it must be a matrix per `matrix_dims`; `muon` routes the others
-    to AdamW.
+    Each leaf is handed to optax as a plain array with its `MuonDimensionNumbers` (from
+    `muon_dimension_numbers`, or `dimension_numbers(path, leaf)`); a NamedArray keeps its
+    axes. Every parameter given to it must be a matrix; `muon` routes the others to AdamW.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -176,58 +207,44 @@ def scale_by_muon(
         >>> u["w"].shape
         (5, 3)
     """
-    if scale not in ("spectral", "rms", "none"):
-        raise OptimizerConfigError(f"scale={scale!r} is not one of ('spectral', 'rms', 'none')")
+    if scale not in MUON_SCALES:
+        raise OptimizerConfigError(f"scale={scale!r} is not one of {MUON_SCALES}")
 
-    def init_fn(params: Any) -> MuonState:
-        return MuonState(jax.tree.map(jnp.zeros_like, params))
+    def inner(dims: list) -> optax.GradientTransformation:
+        return optax.contrib.scale_by_muon(
+            ns_coeffs=ns_coeffs, ns_steps=ns_steps, beta=beta, mu_dtype=mu_dtype,
+            nesterov=nesterov, weight_dimension_numbers=dims,
+        )  # fmt: skip
 
-    def ortho(leaf: Any) -> Any:
-        dims = matrix_dims(leaf)
-        if dims is None:
-            names = axis_names(leaf)
-            raise OptimizerConfigError(
-                f"scale_by_muon got a parameter that is not a matrix (shape "
-                f"{jnp.shape(raw(leaf))}, axes {names}); route it to AdamW: use `muon(...)`, "
-                f"whose labels send non-matrices to the fallback, or pass matrix_dims="
-            )
-        return rewrap(leaf, orthogonalize(raw(leaf), dims, steps=ns_steps, coeffs=ns_coeffs,
-                                          scale=scale))  # fmt: skip
+    def check(leaves: list, dims: list) -> None:
+        for leaf, d in zip(leaves, dims, strict=True):
+            if d is None:
+                raise OptimizerConfigError(
+                    f"scale_by_muon got a parameter that is not a matrix (shape "
+                    f"{jnp.shape(raw(leaf))}, axes {axis_names(leaf)}); route it to AdamW: "
+                    f"use `muon(...)`, whose labels send non-matrices to the fallback, or pass "
+                    f"dimension_numbers="
+                )
 
-    def update_fn(updates: Any, state: MuonState, params: Any = None):
+    def init_fn(params: Any) -> Any:
+        leaves, _, dims = _leaf_dims(params, batch_axes, adam_patterns, dimension_numbers)
+        check(leaves, dims)
+        return inner(dims).init([raw(x) for x in leaves])
+
+    def update_fn(updates: Any, state: Any, params: Any = None):
         del params
-        mu = jax.tree.map(lambda m, g: beta * m + (1 - beta) * g, state.momentum, updates)
-        if nesterov:
-            look = jax.tree.map(lambda m, g: beta * m + (1 - beta) * g, mu, updates)
-        else:
-            look = mu
-        out = jax.tree.map(ortho, look, is_leaf=is_named_array)
-        return out, MuonState(mu)
+        leaves, treedef, dims = _leaf_dims(updates, batch_axes, adam_patterns, dimension_numbers)
+        check(leaves, dims)
+        out, state = inner(dims).update([raw(x) for x in leaves], state)
+        out = [
+            _shape_scale(o, d, scale).astype(raw(x).dtype)
+            for o, d, x in zip(out, dims, leaves, strict=True)
+        ]
+        return jax.tree_util.tree_unflatten(
+            treedef, [rewrap(x, o) for x, o in zip(leaves, out, strict=True)]
+        ), state
 
     return optax.GradientTransformation(init_fn, update_fn)
-
-
-def muon_labels(
-    params: Any,
-    *,
-    adam_patterns: Sequence[str] = DEFAULT_ADAM_PATTERNS,
-    matrix_dims: Callable[[Any], MatrixDims | None] = muon_matrix_dims,
-) -> Any:
-    """`"muon"` for matrices not matching `adam_patterns`, `"adam"` for everything else.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> muon_labels({"embed": jnp.ones((7, 3)), "w": jnp.ones((3, 5)), "b": jnp.ones(5)})
-        {'b': 'adam', 'embed': 'adam', 'w': 'muon'}
-    """
-    compiled = [re.compile(p) for p in adam_patterns]
-
-    def label(path: str, leaf: Any) -> str:
-        if any(c.search(path.lower()) for c in compiled):
-            return "adam"
-        return "muon" if matrix_dims(leaf) is not None else "adam"
-
-    return map_params_with_path(label, params)
 
 
 def muon(
@@ -241,28 +258,35 @@ def muon(
     weight_decay: float = 0.0,
     mask: Any = None,
     adamc: AdamCMode = "off",
+    adamc_mask: Any = None,
     lr_max: float | None = None,
+    mu_dtype: Any = None,
     adam_learning_rate: ScalarOrSchedule | None = None,
     adam_b1: float = 0.9,
     adam_b2: float = 0.95,
     adam_eps: float = 1e-8,
     adam_weight_decay: float | None = None,
-    batch_axes: Sequence[str] = ("layers",),
+    batch_axes: Sequence[str] = DEFAULT_BATCH_AXES,
     adam_patterns: Sequence[str] = DEFAULT_ADAM_PATTERNS,
-    matrix_dims: Callable[[Any], MatrixDims | None] | None = None,
-) -> optax.GradientTransformationExtraArgs:
+    dimension_numbers: DimensionNumbersFn | None = None,
+) -> optax.GradientTransformation:
     """Muon on weight matrices, AdamW on the rest, both with decoupled (AdamC-able) decay.
 
     Args:
         learning_rate: Muon's lr (float or schedule).
-        beta, nesterov, ns_steps, ns_coeffs, scale: see `scale_by_muon` / `orthogonalize`.
-        weight_decay, mask, adamc, lr_max: see `add_decayed_weights` (shared by both parts).
-        adam_learning_rate: the fallback's lr (default: `learning_rate`).
+        beta, nesterov, ns_steps, ns_coeffs, mu_dtype: optax's `contrib.scale_by_muon`.
+        scale: "spectral" (`sqrt(max(1, fan_out / fan_in))`), "rms" (`0.2 *
+            sqrt(max(fan_in, fan_out))`, so AdamW's lr transfers) or "none".
+        weight_decay, mask, adamc, adamc_mask, lr_max: see `add_decayed_weights` (shared by
+            both parts).
+        adam_learning_rate: the fallback's lr. Required: Muon's lr (~0.02) is far too large
+            for AdamW, so there is no default.
         adam_b1, adam_b2, adam_eps, adam_weight_decay: the fallback AdamW (decay default:
             `weight_decay`).
-        batch_axes: NamedArray axis names that index stacked matrices (e.g. `layers`).
+        batch_axes: NamedArray axis names that index stacked matrices (`layers`, `experts`).
         adam_patterns: path regexes of matrices kept on AdamW.
-        matrix_dims: overrides `muon_matrix_dims(leaf, batch_axes)`.
+        dimension_numbers: `(path, leaf) -> MuonDimensionNumbers | None`, replacing
+            `muon_dimension_numbers`.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -272,24 +296,32 @@ def muon(
         >>> sorted(u)
         ['bias', 'w']
     """
-    dims_fn = matrix_dims or (lambda leaf: muon_matrix_dims(leaf, batch_axes))
-    adam_lr = learning_rate if adam_learning_rate is None else adam_learning_rate
+    if adam_learning_rate is None:
+        raise OptimizerConfigError(
+            "muon: adam_learning_rate=None; the AdamW fallback (embeddings, norms, the output "
+            "head) needs its own learning rate, e.g. muon(0.02, adam_learning_rate=3e-4)"
+        )
     muon_tx = optax.chain(
         scale_by_muon(
             beta, nesterov=nesterov, ns_steps=ns_steps, ns_coeffs=ns_coeffs, scale=scale,
-            matrix_dims=dims_fn,
+            mu_dtype=mu_dtype, batch_axes=batch_axes, adam_patterns=adam_patterns,
+            dimension_numbers=dimension_numbers,
         ),
         add_decayed_weights(
-            weight_decay, mask, adamc=adamc, learning_rate=learning_rate, lr_max=lr_max
+            weight_decay, mask, adamc=adamc, adamc_mask=adamc_mask, learning_rate=learning_rate,
+            lr_max=lr_max,
         ),
         scale_by_learning_rate(learning_rate),
     )  # fmt: skip
     adam_tx = adamw(
-        adam_lr, b1=adam_b1, b2=adam_b2, eps=adam_eps,
+        adam_learning_rate, b1=adam_b1, b2=adam_b2, eps=adam_eps,
         weight_decay=weight_decay if adam_weight_decay is None else adam_weight_decay,
-        mask=mask, adamc=adamc, lr_max=None if adam_learning_rate is not None else lr_max,
+        mask=mask, adamc=adamc, adamc_mask=adamc_mask, mu_dtype=mu_dtype,
     )  # fmt: skip
     return optax.multi_transform(
         {"muon": muon_tx, "adam": adam_tx},
-        lambda p: muon_labels(p, adam_patterns=adam_patterns, matrix_dims=dims_fn),
-    )
+        lambda p: muon_labels(
+            p, batch_axes=batch_axes, adam_patterns=adam_patterns,
+            dimension_numbers=dimension_numbers,
+        ),
+    )  # fmt: skip

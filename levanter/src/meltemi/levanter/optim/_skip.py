@@ -10,8 +10,15 @@ The loss is a keyword argument of `update` (`optax.GradientTransformationExtraAr
     updates, opt_state = tx.update(grads, opt_state, params, loss=loss)
 
 Both histories record every finite value, skipped or not (as OLMo does), so a lasting shift in
-the loss level is soon accepted instead of being skipped forever. Inner transforms see only the
-applied steps, so their step counts (and the lr schedule) advance only when a step is applied.
+the loss level is soon accepted instead of being skipped forever.
+
+Schedules follow the trainer's step by default (`schedule="step"`): a skipped step spends its
+slot, so the learning rate, AdamC's decay and a scheduled clipping threshold at step `t` are
+`schedule(t)` however many steps were skipped before. Only the step counters that index a
+schedule advance (those of `scale_by_learning_rate`, `add_decayed_weights` and
+`clip_by_global_norm`); moments and Adam's bias-correction count stay as they were, since no
+update was made. `schedule="applied"` freezes those counters too: the schedule then counts
+applied updates, and each skip delays the rest of it by one step.
 """
 
 from __future__ import annotations
@@ -22,7 +29,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from meltemi.levanter.optim._errors import check_window
+from meltemi.levanter.optim._adamw import LearningRateState, WeightDecayState
+from meltemi.levanter.optim._clipping import GradClipState
+from meltemi.levanter.optim._errors import OptimizerConfigError, check_window
 from meltemi.levanter.optim._history import (
     History,
     history_init,
@@ -30,6 +39,10 @@ from meltemi.levanter.optim._history import (
     history_threshold,
 )
 from meltemi.levanter.optim._metrics import register_metrics
+
+#: States whose `count` indexes a schedule; under `schedule="step"` it advances on a skip.
+SCHEDULE_STATES: tuple[type, ...] = (LearningRateState, WeightDecayState, GradClipState)
+SKIP_SCHEDULES: tuple[str, ...] = ("step", "applied")
 
 
 @register_metrics
@@ -79,6 +92,7 @@ def skip_step(
     warmup: int | None = None,
     *,
     use_loss: bool = True,
+    schedule: str = "step",
 ) -> optax.GradientTransformationExtraArgs:
     """Wraps `inner` so that outlier or non-finite steps apply a zero update.
 
@@ -89,6 +103,8 @@ def skip_step(
         warmup: values recorded before spikes are checked (default `window`); non-finite
             values are always skipped.
         use_loss: when False, `update` needs no `loss` and only the gradient norm is checked.
+        schedule: "step" (a skipped step spends its schedule slot: the schedule follows the
+            trainer's step) or "applied" (the schedule counts applied updates only).
 
     Example:
         >>> import jax.numpy as jnp, optax
@@ -102,20 +118,28 @@ def skip_step(
         ([0.0, 0.0, 0.0], True, ['grad_norm_not_finite'])
     """
     warmup = check_window("skip_step", window, sigma, warmup)
+    if schedule not in SKIP_SCHEDULES:
+        raise OptimizerConfigError(
+            f"skip_step: schedule={schedule!r} is not one of {SKIP_SCHEDULES}; use 'step' "
+            f"(the schedule follows the trainer's step) or 'applied'"
+        )
     inner = optax.with_extra_args_support(inner)
 
     def init_fn(params: Any) -> SkipStepState:
-        z = jnp.zeros((), jnp.float32)
+        # Distinct buffers (never one zero shared by two fields), so the state can be donated.
+        def z():
+            return jnp.zeros((), jnp.float32)
+
         return SkipStepState(
             inner_state=inner.init(params),
             loss_history=history_init(window),
             grad_norm_history=history_init(window),
             skipped=jnp.zeros((), bool),
             reason=jnp.zeros((), jnp.int32),
-            loss=z,
-            grad_norm=z,
-            loss_threshold=z,
-            grad_norm_threshold=z,
+            loss=z(),
+            grad_norm=z(),
+            loss_threshold=z(),
+            grad_norm_threshold=z(),
             num_skipped=jnp.zeros((), jnp.int32),
         )
 
@@ -148,7 +172,10 @@ def skip_step(
         new_updates, new_inner = inner.update(updates, state.inner_state, params, **extra_args)
         out_updates = jax.tree.map(lambda u: jnp.where(skip, jnp.zeros_like(u), u), new_updates)
         inner_state = jax.tree.map(
-            lambda new, old: jnp.where(skip, old, new), new_inner, state.inner_state
+            lambda new, old: _keep_or_advance(skip, new, old, schedule),
+            new_inner,
+            state.inner_state,
+            is_leaf=lambda x: type(x) in SCHEDULE_STATES,
         )
         new_state = SkipStepState(
             inner_state=inner_state,
@@ -165,3 +192,12 @@ def skip_step(
         return out_updates, new_state
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _keep_or_advance(skip: jax.Array, new: Any, old: Any, schedule: str) -> Any:
+    """The old state on a skipped step (the new one otherwise), but for a schedule counter
+    under `schedule="step"`, which takes the new count either way."""
+    kept = jax.tree.map(lambda n, o: jnp.where(skip, o, n), new, old)
+    if schedule == "step" and type(new) in SCHEDULE_STATES:
+        kept = kept._replace(count=new.count)
+    return kept

@@ -1,4 +1,4 @@
-"""Where a run reports: metrics.jsonl, TensorBoard event files, the progress bar, the loss PNG.
+"""Where a run reports: metrics.jsonl, TensorBoard, W&B, the progress bar, the loss PNG.
 
 Example:
     >>> from meltemi.levanter.tracking import REQUIRED_KEYS
@@ -10,13 +10,17 @@ from meltemi.levanter.tracking._jsonl import REQUIRED_KEYS, MetricsWriter, read_
 from meltemi.levanter.tracking._plot import plot_loss_curve
 from meltemi.levanter.tracking._progress import ProgressBar
 from meltemi.levanter.tracking._tensorboard import TensorBoardWriter, crc32c
+from meltemi.levanter.tracking._wandb import WANDB_ID_FILE, open_wandb, wandb_run_id
 
 __all__ = [
     "REQUIRED_KEYS",
+    "WANDB_ID_FILE",
     "MetricsWriter",
     "ProgressBar",
     "TensorBoardWriter",
     "crc32c",
+    "open_wandb",
     "plot_loss_curve",
     "read_metrics",
+    "wandb_run_id",
 ]

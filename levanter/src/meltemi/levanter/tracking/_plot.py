@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import pathlib
 
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
 from meltemi.levanter.tracking._jsonl import read_metrics
 
 
@@ -23,11 +26,6 @@ def plot_loss_curve(
     Raises:
         FileNotFoundError: `run_dir` has no metrics.jsonl, or it holds no train loss.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     run_dir = pathlib.Path(run_dir)
     records = read_metrics(run_dir / "metrics.jsonl")
     train = [
@@ -39,7 +37,10 @@ def plot_loss_curve(
             "run that trained at least one step."
         )
     out = pathlib.Path(out) if out else run_dir / "loss.png"
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    # A Figure on the Agg canvas: no pyplot, so no global backend state is touched.
+    fig = Figure(figsize=(7, 4), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
     ax.plot(*zip(*train), label="train", linewidth=1)
     eval_keys = sorted(
         {k for r in records for k in r if k.startswith("eval/") and k.endswith("/loss")}
@@ -54,5 +55,4 @@ def plot_loss_curve(
     ax.legend()
     fig.tight_layout()
     fig.savefig(out)
-    plt.close(fig)
     return out

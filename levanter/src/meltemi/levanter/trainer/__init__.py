@@ -1,4 +1,8 @@
-"""The trainer: the jitted step, the loop, checkpoint/resume, evaluation and the dry run.
+"""The trainer: the plan (mesh, shardings, step), the loop, evaluation and the dry run.
+
+`plan(spec, devices)` lays a checked config (`meltemi.levanter.config.resolve`) out on
+devices; `Trainer` runs it with data and checkpoints, `dry_run` compiles it and reports the
+memory it needs.
 
 Example:
     >>> import jax.numpy as jnp, optax
@@ -7,27 +11,32 @@ Example:
     0
 """
 
-from meltemi.levanter.trainer._build import BuildError, build_parts, model_config
-from meltemi.levanter.trainer._dry_run import DryRunReport, dry_run
-from meltemi.levanter.trainer._loop import (
-    PREEMPTED_EXIT_CODE,
-    RunResult,
-    Trainer,
-    TrainerError,
-    compute_context,
-    measure_peak_flops,
-    resolve_run_dir,
-    train,
-)
-from meltemi.levanter.trainer._mixture import (
+from meltemi.levanter.config import (
+    BatchScheduleError,
+    BatchSizes,
+    BuildError,
     MixtureConfigError,
     MixturePlan,
-    fraction_metrics,
     mixture_plan,
+    resolve_run_dir,
 )
+from meltemi.levanter.trainer._build import build_parts
+from meltemi.levanter.trainer._data import fraction_metrics, make_mixture
+from meltemi.levanter.trainer._dry_run import DryRunReport, dry_run, dry_run_plan
+from meltemi.levanter.trainer._eval import Evaluator
 from meltemi.levanter.trainer._multislice import SliceWorker, launch_multislice
 from meltemi.levanter.trainer._parts import BatchSource, EvalSet, RunParts
-from meltemi.levanter.trainer._schedule import BatchScheduleError, BatchSizes
+from meltemi.levanter.trainer._plan import (
+    Plan,
+    StepParts,
+    batch_fields,
+    compute_context,
+    make_loss_fns,
+    mesh_of,
+    model_parts,
+    plan,
+)
+from meltemi.levanter.trainer._preemption import PREEMPTED_EXIT_CODE, install_sigterm_handler
 from meltemi.levanter.trainer._sharding import (
     batch_sharding,
     global_batch,
@@ -44,6 +53,14 @@ from meltemi.levanter.trainer._step import (
     split_microbatches,
     token_weight,
 )
+from meltemi.levanter.trainer._summary import RunResult, display_path
+from meltemi.levanter.trainer._trainer import (
+    Trainer,
+    check_resumed_rows,
+    measure_peak_flops,
+    train,
+)
+from meltemi.levanter.trainer._warm_start import make_warm_start
 
 __all__ = [
     "DTYPES",
@@ -54,28 +71,40 @@ __all__ = [
     "BuildError",
     "DryRunReport",
     "EvalSet",
+    "Evaluator",
     "MixtureConfigError",
     "MixturePlan",
+    "Plan",
     "RunParts",
     "RunResult",
     "SliceWorker",
+    "StepParts",
     "TrainState",
     "Trainer",
-    "TrainerError",
+    "batch_fields",
     "batch_sharding",
     "build_parts",
-    "dry_run",
-    "fraction_metrics",
     "cast_floating",
+    "check_resumed_rows",
     "compute_context",
+    "display_path",
+    "dry_run",
+    "dry_run_plan",
+    "fraction_metrics",
     "global_batch",
     "init_state",
+    "install_sigterm_handler",
     "launch_multislice",
     "loss_and_grads",
+    "make_loss_fns",
+    "make_mixture",
     "make_train_step",
+    "make_warm_start",
     "measure_peak_flops",
+    "mesh_of",
     "mixture_plan",
-    "model_config",
+    "model_parts",
+    "plan",
     "resolve_run_dir",
     "split_microbatches",
     "token_weight",

@@ -1,5 +1,8 @@
 """`--dry_run`: compile the train step of a config on a virtual mesh, without running it.
 
+The dry run is `plan(spec, devices)` (the trainer's own plan: mesh, shardings, step) plus
+`lower().compile()` and a memory report, so it cannot drift from training.
+
 The model, optimizer state and batch exist only as `jax.ShapeDtypeStruct`s with shardings, so
 a 32B model "fits" on a laptop: XLA compiles the per-device SPMD program for N virtual CPU
 devices and reports what each device would hold (arguments, temporaries, outputs) and the
@@ -24,21 +27,14 @@ How far to trust the figures:
 from __future__ import annotations
 
 import dataclasses
-import math
-import time
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 
 import meltemi.models as mm
-from meltemi.levanter import optim
-from meltemi.levanter.config import ResolvedConfig
-from meltemi.levanter.mesh import PARAMETER_RULES, MeshShape, data_parallel_size, make_mesh
-from meltemi.levanter.trainer._build import abstract_parts, make_loss_fns
-from meltemi.levanter.trainer._loop import TrainerError, compute_context
-from meltemi.levanter.trainer._sharding import batch_sharding, tree_shardings, with_shardings
-from meltemi.levanter.trainer._step import DTYPES, init_state, make_train_step
+from meltemi.levanter.config import ConfigError, ResolvedConfig, RunSpec, as_spec
+from meltemi.levanter.mesh import data_parallel_size
+from meltemi.levanter.trainer._plan import Plan, plan, shard_bytes
 
 GIB = 1024**3
 
@@ -152,41 +148,32 @@ class DryRunReport:
         return "\n".join(lines)
 
 
-def _shard_bytes(tree) -> int:
-    """Per-device bytes of the ShapeDtypeStructs of `tree` (with their shardings)."""
-    total = 0
-    for leaf in jax.tree.leaves(tree):
-        shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
-        total += math.prod(shape) * jnp.dtype(leaf.dtype).itemsize
-    return total
-
-
-def _devices(config, num_devices: int | None) -> int:
+def _num_devices(spec: RunSpec, num_devices: int | None) -> int:
     if num_devices:
         return num_devices
-    if any(s == -1 for s in config.mesh.ici.values()):
-        raise TrainerError(
+    fixed = spec.mesh.fixed_devices
+    if fixed is None:
+        raise ConfigError(
             "--dry_run: mesh.ici has a -1 (fill) axis, so the device count is unknown; pass "
             "--dry_run_devices=N (e.g. 256)."
         )
-    return math.prod(config.mesh.ici.values()) * config.mesh.num_slices
+    return fixed
 
 
-def _plan_model(config) -> tuple[mm.ModelConfig, object, str | None]:
-    """The model config and abstract model to plan, and a note when the vocabulary differs
-    from what training this config would use (see the module docstring)."""
-    mcfg, model = abstract_parts(config)
-    preset_vocab = mm.get_preset(config.model.preset).vocab_size
-    if config.data.tokenizer != "byte" or preset_vocab <= mcfg.vocab_size:
-        return mcfg, model, None
-    trained = mcfg.vocab_size
-    mcfg = mcfg.replace(vocab_size=preset_vocab)
-    model = eqx.filter_eval_shape(lambda k: mm.Transformer.init(mcfg, key=k), jax.random.key(0))
+def _with_preset_vocab(spec: RunSpec) -> tuple[RunSpec, str | None]:
+    """The spec to plan, and a note when its vocabulary differs from what training this
+    config would use (see the module docstring)."""
+    if spec.init_from_hf:  # the checkpoint's own vocabulary
+        return spec, None
+    preset_vocab = mm.get_preset(spec.preset).vocab_size
+    trained = spec.model.vocab_size
+    if spec.data.tokenizer != "byte" or preset_vocab <= trained:
+        return spec, None
     note = (
         f"planned with the preset's vocabulary ({preset_vocab:,}); data.tokenizer='byte' "
         f"would train a {trained}-token head (set data.tokenizer to the preset's tokenizer.json)"
     )
-    return mcfg, model, note
+    return dataclasses.replace(spec, model=spec.model.replace(vocab_size=preset_vocab)), note
 
 
 def _saved_carry_bytes(mcfg: mm.ModelConfig, rows_per_device: int, seq: int, dtype) -> int | None:
@@ -199,99 +186,79 @@ def _saved_carry_bytes(mcfg: mm.ModelConfig, rows_per_device: int, seq: int, dty
     return mcfg.num_layers * per_layer
 
 
-def dry_run(
-    resolved: ResolvedConfig, num_devices: int | None = None, *, hbm_gib: float | None = None
-) -> DryRunReport:
-    """Lowers and compiles the train step of `resolved` for `num_devices` virtual devices.
+def dry_run_plan(
+    spec: RunSpec | ResolvedConfig, num_devices: int | None = None
+) -> tuple[Plan, tuple[str, ...]]:
+    """The plan `dry_run` compiles (on `num_devices` virtual CPU devices), and its notes.
 
     Must run before anything else touches the JAX backend in this process (it sets the
-    number of CPU devices), unless enough devices already exist. `hbm_gib` (per device)
-    adds a fits / does not fit line.
+    number of CPU devices), unless enough devices already exist.
     """
-    if hbm_gib is not None and not hbm_gib > 0:
-        raise TrainerError(
-            f"--dry_run: hbm_gib={hbm_gib!r} must be a positive number of GiB per device "
-            "(e.g. 95 for a TPU v5p)."
-        )
-    config = resolved.config
-    n = _devices(config, num_devices)
+    spec = as_spec(spec)
+    n = _num_devices(spec, num_devices)
     try:
         jax.config.update("jax_num_cpu_devices", n)
     except Exception:  # the backend is up already: use what exists
         pass
     if jax.device_count() < n:
-        raise TrainerError(
+        raise ConfigError(
             f"--dry_run needs {n} devices but this process has {jax.device_count()}; run the "
             f"dry run in a fresh process (or set XLA_FLAGS="
             f"--xla_force_host_platform_device_count={n})."
         )
-    devices = jax.devices()[:n]
-    shape = MeshShape.resolve(
-        config.mesh.ici.to_dict(), config.mesh.dcn.to_dict(), n, config.mesh.num_slices
-    )
-    mesh = make_mesh(shape.ici, shape.dcn, num_slices=config.mesh.num_slices, devices=devices)
-    mcfg, abstract_model, vocab_note = _plan_model(config)
-    is_abstract = lambda x: isinstance(x, jax.ShapeDtypeStruct)  # noqa: E731
-    params, static = eqx.partition(abstract_model, is_abstract)
-    tx, _ = optim.build_optimizer(config.optimizer, total_steps=config.trainer.num_train_steps)
-    abstract_state = jax.eval_shape(lambda p: init_state(p, tx), params)
-    state_sharding = tree_shardings(abstract_state, mesh, PARAMETER_RULES)
-    template = with_shardings(state_sharding, abstract_state)
-    rows, seq = config.trainer.train_batch_size, config.data.seq_len
-    bsh = batch_sharding(mesh)
-    batch = {
-        k: jax.ShapeDtypeStruct((rows, seq), dtype, sharding=bsh)
-        for k, dtype in (
-            ("tokens", jnp.int32),
-            ("targets", jnp.int32),
-            ("loss_mask", jnp.float32),
-            ("segment_ids", jnp.int32),
-            ("positions", jnp.int32),
+    planned, note = _with_preset_vocab(spec)
+    return plan(planned, jax.devices()[:n]), (note,) if note else ()
+
+
+def dry_run(
+    spec: RunSpec | ResolvedConfig, num_devices: int | None = None, *, hbm_gib: float | None = None
+) -> DryRunReport:
+    """Compiles the train step of `spec` for `num_devices` virtual devices; reports its cost.
+
+    Args:
+        spec: the checked config (a `ResolvedConfig` is resolved first).
+        num_devices: virtual devices (default: the mesh's fixed size).
+        hbm_gib: device memory (GiB per device) to check the total against.
+
+    Raises:
+        ConfigError: a bad `hbm_gib`, an unknown device count, a mesh or batch that does not
+            fit the devices.
+    """
+    if hbm_gib is not None and not hbm_gib > 0:
+        raise ConfigError(
+            f"--dry_run: hbm_gib={hbm_gib!r} must be a positive number of GiB per device "
+            "(e.g. 95 for a TPU v5p)."
         )
-    }
-    loss_fn, _ = make_loss_fns(config.trainer.z_loss)
-    compute_dtype = DTYPES[config.trainer.compute_dtype]
-    start = time.perf_counter()
-    with compute_context(mesh):
-        step = make_train_step(
-            loss_fn,
-            tx,
-            static,
-            microbatches=config.trainer.microbatches,
-            compute_dtype=compute_dtype,
-            metrics_fn=optim.metrics,
-            state_sharding=state_sharding,
-            batch_sharding=bsh,
-            mesh=mesh,
-        )
-        compiled = step.lower(template, batch).compile()
-    compile_s = time.perf_counter() - start
+    p, notes = dry_run_plan(spec, num_devices)
+    spec, mcfg = p.spec, p.spec.model
+    rows, seq = spec.trainer.train_batch_size, spec.data.seq_len
+    compiled = p.compile(rows)
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     if isinstance(cost, (list, tuple)):
         cost = cost[0] if cost else {}
     tokens = rows * seq
-    dp = data_parallel_size(mesh)
-    rows_per_device = max(rows // dp, 1)
-    param_bytes = _shard_bytes(template.params)
+    rows_per_device = max(rows // data_parallel_size(p.mesh), 1)
+    batch = p.abstract_batch(rows)
+    param_bytes = shard_bytes(p.template.params)
     arguments = int(memory.argument_size_in_bytes)
-    notes = [vocab_note] if vocab_note else []
-    inputs = _shard_bytes(template) + _shard_bytes(batch)
+    notes = list(notes)
+    inputs = shard_bytes(p.template) + shard_bytes(batch)
     if abs(inputs - arguments) > max(2**20, inputs // 100):  # jit drops unused scalars
         notes.append(
             f"XLA's argument size ({arguments / GIB:.3f} GiB) differs from the input shards "
             f"({inputs / GIB:.3f} GiB)"
         )
     backend = jax.default_backend()
-    if backend == "cpu" and compute_dtype == jnp.bfloat16:
+    if backend == "cpu" and p.compute_dtype == jnp.bfloat16:
         notes.append(
             "XLA:CPU computes bfloat16 in float32 (and keeps float32 copies of bf16 "
             "intermediates), so the temporaries are an upper bound for a bf16-native device"
         )
     return DryRunReport(
-        preset=config.model.preset,
-        num_devices=n,
-        mesh={k: int(v) for k, v in mesh.shape.items()},
+        preset=spec.preset,
+        num_devices=p.mesh.size,
+        mesh={k: int(v) for k, v in p.mesh.shape.items()},
         num_params=mm.param_count(mcfg),
         vocab_size=mcfg.vocab_size,
         tokens_per_step=tokens,
@@ -303,15 +270,15 @@ def dry_run(
         temp_bytes=int(memory.temp_size_in_bytes),
         alias_bytes=int(memory.alias_size_in_bytes),
         code_bytes=int(memory.generated_code_size_in_bytes),
-        compile_s=compile_s,
+        compile_s=p.compile_s[rows],
         param_bytes=param_bytes,
-        opt_state_bytes=_shard_bytes(template) - param_bytes,
-        batch_bytes=_shard_bytes(batch),
+        opt_state_bytes=shard_bytes(p.template) - param_bytes,
+        batch_bytes=shard_bytes(batch),
         remat=mcfg.remat,
         saved_carry_bytes=_saved_carry_bytes(
-            mcfg, max(rows_per_device // config.trainer.microbatches, 1), seq, compute_dtype
+            mcfg, max(rows_per_device // spec.trainer.microbatches, 1), seq, p.compute_dtype
         ),
-        compute_dtype=config.trainer.compute_dtype,
+        compute_dtype=spec.trainer.compute_dtype,
         backend=backend,
         hbm_gib=hbm_gib,
         notes=tuple(notes),

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import signal
 import sys
@@ -23,8 +22,12 @@ import threading
 import time
 from typing import Any
 
+import jax
+
 from meltemi import fray
-from meltemi.levanter.config import ResolvedConfig
+from meltemi.levanter.config import ResolvedConfig, RunSpec, as_spec
+from meltemi.levanter.trainer._preemption import PREEMPTED_EXIT_CODE, install_sigterm_handler
+from meltemi.levanter.trainer._trainer import train
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +38,6 @@ class SliceWorker:
     def __init__(self):
         # The constructor runs in the actor process's main thread, calls in worker threads:
         # only here can SIGTERM be turned into "save a checkpoint and stop".
-        from meltemi.levanter.trainer._loop import install_sigterm_handler
-
         install_sigterm_handler()
 
     def run(
@@ -54,8 +55,6 @@ class SliceWorker:
         flags = os.environ.get("XLA_FLAGS", "").split()
         flags = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count")]
         os.environ["XLA_FLAGS"] = " ".join(flags)
-        import jax
-
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         if jax.config.jax_platforms in (None, "", "cpu"):
             jax.config.update("jax_num_cpu_devices", local_devices)
@@ -65,10 +64,7 @@ class SliceWorker:
             process_id=slice_index,
             initialization_timeout=120,
         )
-        from meltemi.levanter.trainer._loop import train
-
-        resolved = ResolvedConfig.from_json(config_json)
-        result = train(resolved)
+        result = train(ResolvedConfig.from_json(config_json))
         jax.distributed.shutdown()
         return {
             "slice": slice_index,
@@ -80,14 +76,14 @@ class SliceWorker:
         }
 
 
-def devices_per_slice(config) -> int:
+def devices_per_slice(spec: RunSpec) -> int:
     """Local devices of each slice process: the ici mesh size when fixed, else 1."""
-    sizes = list(config.mesh.ici.values())
-    return 1 if any(s == -1 for s in sizes) else math.prod(sizes)
+    fixed = spec.mesh.fixed_devices
+    return 1 if fixed is None else fixed // spec.mesh.num_slices
 
 
 def launch_multislice(
-    resolved: ResolvedConfig,
+    spec: RunSpec | ResolvedConfig,
     *,
     cluster: fray.Cluster | None = None,
     max_restarts: int = 3,
@@ -96,14 +92,15 @@ def launch_multislice(
     """Runs the job as `mesh.num_slices` processes; returns the exit status.
 
     Args:
-        resolved: the config (its `mesh.num_slices` > 1).
+        spec: the checked config (its `mesh.num_slices` > 1; a `ResolvedConfig` is resolved).
         cluster: the fray cluster to use (default: a `LocalCluster` for this call).
         max_restarts: gang restarts allowed after a slice process dies.
         on_start: called with `(cluster, group, attempt)` once the slices are up (tests use
             it to kill a slice).
     """
-    num_slices = resolved.config.mesh.num_slices
-    local = devices_per_slice(resolved.config)
+    spec = as_spec(spec)
+    num_slices = spec.mesh.num_slices
+    local = devices_per_slice(spec)
     owned = cluster is None
     cluster = cluster or fray.LocalCluster(heartbeat_timeout_s=600.0)
     policy = fray.RestartPolicy(
@@ -122,7 +119,7 @@ def launch_multislice(
             )
             futures = [
                 handle.run.options(timeout=None).remote(
-                    rank, num_slices, coordinator, resolved.to_json(), local
+                    rank, num_slices, coordinator, spec.to_json(), local
                 )
                 for rank, handle in enumerate(group)
             ]
@@ -141,8 +138,6 @@ def launch_multislice(
                 continue
             first = results[0]
             print(first["summary"], flush=True)
-            from meltemi.levanter.trainer._loop import PREEMPTED_EXIT_CODE
-
             return PREEMPTED_EXIT_CODE if first["preempted"] else 0
     finally:
         if owned:

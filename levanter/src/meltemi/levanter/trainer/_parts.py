@@ -6,12 +6,11 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+import jax
 import numpy as np
 import optax
 
-
-class BuildError(ValueError):
-    """A model, data or optimizer setting that cannot be built (names the key and the fix)."""
+from meltemi.levanter.trainer._plan import StepParts, fields_of
 
 
 class BatchSource(Protocol):
@@ -55,6 +54,8 @@ class RunParts:
         warm_start: `warm_start(params, init_from)` -> (params, report lines), if supported.
         data_metrics: `data_metrics(rows)` -> scalars logged with the step that trained the
             global rows `rows` (e.g. a mixture's `data/<component>/fraction`), if any.
+        batch_fields: the shape (without the batch dimension) and dtype of each array of a
+            row; default: read from row 0 of `train_data`.
     """
 
     init_model: Callable[[Any], Any]
@@ -69,3 +70,14 @@ class RunParts:
     flops_per_token: float | None = None
     warm_start: Callable[[Any, str], tuple[Any, list[str]]] | None = None
     data_metrics: Callable[[np.ndarray], Mapping[str, float]] | None = None
+    batch_fields: Mapping[str, jax.ShapeDtypeStruct] | None = None
+
+    def step_parts(self) -> StepParts:
+        """The parts the step is made of (what `plan` needs)."""
+        fields = self.batch_fields
+        example = fields_of(self.train_data.sequences(np.arange(1)))
+        if fields is None:
+            fields = example
+        elif dict(fields) != example:  # the declared rows must be what the data gives
+            raise RuntimeError(f"batch fields {dict(fields)} differ from the data's {example}")
+        return StepParts(self.init_model, self.loss_fn, self.optimizer, self.metrics_fn, fields)

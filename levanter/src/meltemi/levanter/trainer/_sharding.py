@@ -33,7 +33,7 @@ def tree_shardings(tree: Any, mesh: Mesh, rules: Rules) -> Any:
         >>> tree_shardings({"w": w}, mesh, {"embed": "fsdp"})["w"].array.spec
         P('fsdp', None)
     """
-    return hax.partitioning.infer_resource_partitions(tree, rules, mesh=mesh)
+    return hax.partitioning.infer_resource_partitions(tree, rules, mesh=mesh, uneven="replicate")
 
 
 def with_shardings(shardings: Any, abstract: Any) -> Any:

@@ -155,8 +155,10 @@ def make_train_step(
         jit: return the un-jitted function (for `jax.eval_shape` or composition).
 
     Returns:
-        The step. Metrics: `train/loss`, `optim/grad_norm`, `optim/update_norm`,
-        `optim/skipped` plus whatever `metrics_fn` reports (prefixed `optim/`).
+        The step. Metrics: `train/loss`, `optim/grad_norm` (of this step's gradients, before
+        any clipping), `optim/update_norm` (of the update applied: 0 on a skipped step),
+        `optim/skipped`, plus whatever `metrics_fn` reports (prefixed `optim/`; the step's own
+        four names always hold the step's own values).
 
     Example:
         >>> import equinox as eqx, jax, jax.numpy as jnp, optax
@@ -186,13 +188,18 @@ def make_train_step(
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         extra = dict(metrics_fn(opt_state)) if metrics_fn is not None else {}
-        metrics = {
-            "train/loss": loss,
-            "optim/grad_norm": optax.tree.norm(grads),
-            "optim/update_norm": optax.tree.norm(updates),
-            "optim/skipped": jnp.asarray(extra.pop("skip/skipped", 0), jnp.float32),
-        }
-        metrics.update({f"optim/{k}": v for k, v in extra.items()})
+        skipped = jnp.asarray(extra.pop("skip/skipped", 0), jnp.float32)
+        metrics = {f"optim/{k}": v for k, v in extra.items()}
+        # The step's own measurements go last: an optimizer metric of the same name (e.g. a
+        # norm held in a state that a skipped step froze) must never replace them.
+        metrics.update(
+            {
+                "train/loss": loss,
+                "optim/grad_norm": optax.tree.norm(grads),
+                "optim/update_norm": optax.tree.norm(updates),
+                "optim/skipped": skipped,
+            }
+        )
         return TrainState(state.step + 1, params, opt_state), metrics
 
     if not jit:

@@ -1,0 +1,566 @@
+"""The pipeline: plan, ledger, stages in order, report.
+
+    DIR/pipeline.json        the plan: options that change the output, the input files (size
+                             and content digest each), shard -> files
+    DIR/ledger.jsonl         one line per finished (stage, shard): counts, or `quarantined`
+    DIR/stages/<stage>/NNNNN.parquet   each stage's output per shard (minhash: .npz)
+    DIR/documents/NNNNN.parquet        the documents that survive every stage
+    DIR/store/               the token store (with --tokenize)
+    DIR/report.json          written last: the pipeline has finished iff it exists
+
+A task writes its file under a temporary name and renames it; only then does the driver
+append its ledger line. A rerun skips every (stage, shard) the ledger lists and whose file
+exists, so a killed pipeline loses at most the tasks that were running, and a rerun of a
+finished one (report.json present, same plan) does nothing. The global steps (which rows
+are exact and near duplicates) are pure functions of the previous stage's files, so a
+resumed run recomputes the same answer.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import fcntl
+import json
+import math
+import os
+import time
+import uuid
+from collections.abc import Callable
+
+import numpy as np
+
+from meltemi import fray
+from meltemi.data._build import _plan, build_store
+from meltemi.data._parallel import InlineExecutor
+from meltemi.data._sources import Files, ParquetFiles, _file_stat, file_digest
+from meltemi.data._tokenizer import load_tokenizer
+from meltemi.data.pipeline._minhash import lsh_params, near_duplicate_drops
+from meltemi.data.pipeline._quality import QualityConfig
+from meltemi.data.pipeline._runner import TaskPool
+from meltemi.data.pipeline._stages import (
+    ShardTask,
+    filter_shard,
+    minhash_shard,
+    normalize_shard,
+    quality_shard,
+    read_table,
+)
+
+__all__ = ["PipelineConfig", "PipelineError", "format_report", "run_pipeline"]
+
+FORMAT = "meltemi-pipeline/1"
+
+
+class PipelineError(ValueError):
+    """A pipeline option is invalid, or DIR holds a different pipeline's outputs."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    """What the pipeline does. Options that change the output are part of the plan.
+
+    Attributes:
+        inputs: files, directories, globs or URLs (`*.jsonl[.gz|.zst]`, `*.parquet`, text).
+        output: the output directory (local).
+        text_key: the text field of JSON lines / column of Parquet files.
+        max_run: runs of one character (or of whitespace) are cut to this length.
+        max_document_chars: longer documents are cut to this many characters.
+        exact_dedup: drop documents whose normalised text equals an earlier one's.
+        fuzzy_dedup: drop near-duplicates (MinHash + LSH).
+        near_duplicate_threshold: estimated Jaccard similarity of word shingles above which
+            two documents are near-duplicates.
+        shingle_size: words per shingle.
+        num_perm: MinHash permutations.
+        seed: fixes the MinHash permutations.
+        quality: the quality rules' thresholds.
+        tokenize: build a token store of the surviving documents under DIR/store.
+        tokenizer: `byte` or a `tokenizer.json` path (with `tokenize`).
+        shard_bytes: input bytes per shard (whole files are never split).
+        min_shards: smaller inputs are cut into about this many shards.
+        task_timeout_s: deadline of one attempt of one shard task.
+        retries: attempts after the first before a shard is quarantined.
+    """
+
+    inputs: tuple[str, ...]
+    output: str
+    text_key: str = "text"
+    max_run: int = 1000
+    max_document_chars: int = 1 << 24
+    exact_dedup: bool = True
+    fuzzy_dedup: bool = True
+    near_duplicate_threshold: float = 0.8
+    shingle_size: int = 5
+    num_perm: int = 128
+    seed: int = 1
+    quality: QualityConfig = QualityConfig()
+    tokenize: bool = False
+    tokenizer: str = "byte"
+    shard_bytes: int = 64 << 20
+    min_shards: int = 8
+    task_timeout_s: float = 3600.0
+    retries: int = 2
+
+    def __post_init__(self):
+        if isinstance(self.inputs, str):
+            object.__setattr__(self, "inputs", (self.inputs,))
+        object.__setattr__(self, "inputs", tuple(os.fspath(p) for p in self.inputs))
+        object.__setattr__(self, "output", os.fspath(self.output))
+        if not self.inputs:
+            raise PipelineError("inputs=(): pass at least one path, e.g. --input=data/*.jsonl.gz")
+        t = self.near_duplicate_threshold
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t <= 1:
+            raise PipelineError(
+                f"near_duplicate_threshold={t!r}: need a number in (0, 1], e.g. 0.8"
+            )
+        for name, low in (
+            ("max_run", 1),
+            ("max_document_chars", 1),
+            ("shingle_size", 1),
+            ("num_perm", 2),
+            ("shard_bytes", 1),
+            ("min_shards", 1),
+            ("retries", 0),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise PipelineError(f"{name}={value!r}: need an int >= {low}")
+        s = self.task_timeout_s
+        if isinstance(s, bool) or not isinstance(s, int | float) or not s > 0 or math.isnan(s):
+            raise PipelineError(
+                f"task_timeout_s={s!r}: need a number of seconds > 0, e.g. --task_timeout_s=600"
+            )
+        if not isinstance(self.quality, QualityConfig):
+            raise PipelineError(f"quality={self.quality!r}: pass a QualityConfig(...)")
+        if "://" in self.output:
+            raise PipelineError(
+                f"output={self.output!r}: the pipeline writes locally; copy DIR afterwards"
+            )
+
+    def plan_options(self) -> dict:
+        """The options that change the output (part of the plan)."""
+        skip = {"inputs", "output", "task_timeout_s", "retries"}
+        out = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip
+        }
+        out["quality"] = dataclasses.asdict(self.quality)
+        if not self.tokenize:
+            out.pop("tokenizer")
+        return out
+
+    def stages(self) -> list[str]:
+        out = ["normalize"]
+        if self.exact_dedup:
+            out.append("exact_dedup")
+        if self.fuzzy_dedup:
+            out += ["minhash", "fuzzy_dedup"]
+        return [*out, "quality"]
+
+
+def _write_json(path: str, obj) -> None:
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _lock(path: str):
+    fh = open(os.path.join(path, ".pipeline.lock"), "a+")
+    try:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            raise PipelineError(
+                f"output={path!r}: another pipeline is running on it (it holds "
+                f"{path}/.pipeline.lock); wait for it or use another --output"
+            ) from e
+        yield
+    finally:
+        fh.close()
+
+
+class _Ledger:
+    """`ledger.jsonl`: one line per finished (stage, shard); appended and fsynced."""
+
+    def __init__(self, root: str):
+        self.path = os.path.join(root, "ledger.jsonl")
+        self.entries: dict[tuple[str, int], dict] = {}
+        self.plans: dict[str, dict] = {}
+        if os.path.exists(self.path):
+            with open(self.path) as fh:
+                for line in fh:
+                    try:
+                        entry = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue  # torn by a kill: that task is redone
+                    if "plan" in entry:
+                        self.plans[entry["stage"]] = entry["plan"]
+                    elif entry.get("quarantined") or os.path.exists(entry["output"]):
+                        self.entries[(entry["stage"], entry["shard"])] = entry
+
+    def add(self, entry: dict) -> None:
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(entry, sort_keys=True) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        if "plan" in entry:
+            self.plans[entry["stage"]] = entry["plan"]
+        else:
+            self.entries[(entry["stage"], entry["shard"])] = entry
+
+    def done(self, stage: str, shard: int) -> dict | None:
+        return self.entries.get((stage, shard))
+
+
+class _Stopped(Exception):
+    """`stop_after_tasks` ran out (tests and incremental runs)."""
+
+
+@dataclasses.dataclass
+class _Run:
+    config: PipelineConfig
+    root: str
+    ledger: _Ledger
+    shards: list[dict]
+    pool: TaskPool
+    budget: int | None
+    log: Callable[[str], None]
+
+    def path(self, stage: str, shard: int) -> str:
+        if stage == "quality":
+            return os.path.join(self.root, "documents", f"{shard:05d}.parquet")
+        ext = "npz" if stage == "minhash" else "parquet"
+        return os.path.join(self.root, "stages", stage, f"{shard:05d}.{ext}")
+
+    def alive(self, stage: str) -> list[int]:
+        """Shards whose output of `stage` exists (finished, not quarantined)."""
+        out = []
+        for s in self.shards:
+            e = self.ledger.done(stage, s["id"])
+            if e is not None and not e.get("quarantined"):
+                out.append(s["id"])
+        return out
+
+    def run(self, stage: str, fn, tasks: list[ShardTask]) -> None:
+        """Runs the tasks of `stage` the ledger does not list; records each outcome."""
+        todo = [t for t in tasks if self.ledger.done(stage, t.shard) is None]
+        if self.budget is not None:
+            if self.budget <= 0 and todo:
+                raise _Stopped
+            todo = todo[: self.budget]
+        if not todo:
+            return
+        self.log(f"{stage}: {len(todo)} shard tasks")
+        outcomes = self.pool.run(fn, [(t.shard, t) for t in todo])
+        output = {t.shard: t.output for t in todo}
+        for o in outcomes:
+            entry = {
+                "stage": stage,
+                "shard": o.key,
+                "output": output[o.key],
+                "attempts": o.attempts,
+            }
+            if o.error is None:
+                entry.update(o.result)
+            else:
+                entry.update(quarantined=True, error=o.error)
+                self.log(
+                    f"{stage}: shard {o.key} quarantined after {o.attempts} attempts: {o.error}"
+                )
+            self.ledger.add(entry)
+            if self.budget is not None:
+                self.budget -= 1
+        if self.budget is not None and any(self.ledger.done(stage, t.shard) is None for t in tasks):
+            raise _Stopped
+
+
+def _prev(stages: list[str], stage: str) -> str:
+    i = stages.index(stage)
+    return stages[i - 1] if stages[i - 1] != "minhash" else stages[i - 2]
+
+
+def _exact_drops(run: _Run, source: str, shards: list[int]) -> dict[int, np.ndarray]:
+    """Rows of each shard whose text is a duplicate of an earlier row (input order)."""
+    digests = [read_table(run.path(source, s), ["digest"])["digest"] for s in shards]
+    if not digests:
+        return {}
+    allv = np.concatenate(digests)
+    _, first = np.unique(allv, return_index=True)  # first occurrence in input order
+    dup = np.ones(len(allv), bool)
+    dup[first] = False
+    bounds = np.cumsum([0] + [len(d) for d in digests])
+    return {s: np.flatnonzero(dup[bounds[i] : bounds[i + 1]]) for i, s in enumerate(shards)}
+
+
+def _fuzzy_drops(run: _Run, shards: list[int]) -> tuple[dict[int, np.ndarray], dict]:
+    cfg = run.config
+    sigs, has = [], []
+    for s in shards:
+        with np.load(run.path("minhash", s)) as z:
+            sigs.append(z["sig"])
+            has.append(z["has"])
+    if not sigs:
+        return {}, {}
+    bands, rows = lsh_params(float(cfg.near_duplicate_threshold), cfg.num_perm)
+    start = time.perf_counter()
+    drop, stats = near_duplicate_drops(
+        np.concatenate(sigs),
+        np.concatenate(has),
+        threshold=float(cfg.near_duplicate_threshold),
+        bands=bands,
+        rows=rows,
+    )
+    stats["seconds"] = round(time.perf_counter() - start, 4)
+    bounds = np.cumsum([0] + [len(x) for x in sigs])
+    return {s: np.flatnonzero(drop[bounds[i] : bounds[i + 1]]) for i, s in enumerate(shards)}, stats
+
+
+def _stage_tasks(run: _Run, stage: str) -> tuple[Callable, list[ShardTask]]:
+    cfg = run.config
+    stages = cfg.stages()
+    if stage == "normalize":
+        opts = {"text_key": cfg.text_key, "max_run": cfg.max_run}
+        opts["max_document_chars"] = cfg.max_document_chars
+        tasks = [
+            ShardTask(s["id"], tuple(s["files"]), run.path(stage, s["id"]), opts)
+            for s in run.shards
+        ]
+        return normalize_shard, tasks
+    source = _prev(stages, stage)
+    # A shard quarantined by minhash has no signatures: fuzzy dedup skips it too.
+    alive = run.alive("minhash" if stage == "fuzzy_dedup" else source)
+    pending = [s for s in alive if run.ledger.done(stage, s) is None]
+    if stage == "minhash":
+        opts = {"num_perm": cfg.num_perm, "shingle_size": cfg.shingle_size, "seed": cfg.seed}
+        tasks = [ShardTask(s, (run.path(source, s),), run.path(stage, s), opts) for s in alive]
+        return minhash_shard, tasks
+    if stage == "quality":
+        tasks = [
+            ShardTask(s, (run.path(source, s),), run.path(stage, s), quality=cfg.quality)
+            for s in alive
+        ]
+        return quality_shard, tasks
+    drops: dict[int, np.ndarray] = {}
+    if pending:  # the global step: a pure function of the previous stage's files
+        if stage == "exact_dedup":
+            drops = _exact_drops(run, source, alive)
+        else:
+            drops, stats = _fuzzy_drops(run, run.alive("minhash"))
+            run.ledger.add({"stage": stage, "plan": stats})
+    reason = "exact_duplicate" if stage == "exact_dedup" else "near_duplicate"
+    tasks = [
+        ShardTask(s, (run.path(source, s),), run.path(stage, s), drop=drops.get(s), reason=reason)
+        for s in alive
+    ]
+    return filter_shard, tasks
+
+
+def _input_records(files: list[str]) -> list[dict]:
+    return [{"path": f, "size": _file_stat(f)[0], "digest": file_digest(f)} for f in files]
+
+
+def _check_plan(root: str, plan: dict) -> None:
+    path = os.path.join(root, "pipeline.json")
+    if not os.path.exists(path):
+        _write_json(path, plan)
+        return
+    with open(path) as fh:
+        old = json.load(fh)
+    diff = sorted(k for k in set(old) | set(plan) if old.get(k) != plan.get(k))
+    if "options" in diff:
+        diff.remove("options")
+        keys = set(old["options"]) | set(plan["options"])
+        diff += [k for k in sorted(keys) if old["options"].get(k) != plan["options"].get(k)]
+    if diff:
+        raise PipelineError(
+            f"output={root!r} holds a pipeline run with different {diff}; use a new --output, "
+            f"or delete {root} to start over"
+        )
+
+
+def _merge_examples(entries: list[dict], limit: int = 5) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for e in entries:
+        for reason, where in e.get("examples", {}).items():
+            kept = out.setdefault(reason, [])
+            kept += where[: limit - len(kept)]
+    return dict(sorted(out.items()))
+
+
+def _stage_report(run: _Run, stage: str) -> dict:
+    entries = [run.ledger.done(stage, s["id"]) for s in run.shards]
+    entries = [e for e in entries if e is not None]
+    ok = [e for e in entries if not e.get("quarantined")]
+    dropped: collections.Counter = collections.Counter()
+    altered: collections.Counter = collections.Counter()
+    for e in ok:
+        dropped.update(e["dropped"])
+        altered.update(e.get("altered", {}))
+    files = {s["id"]: s["files"] for s in run.shards}
+    row = {
+        "stage": stage,
+        "in": sum(e["in"] for e in ok),
+        "kept": sum(e["kept"] for e in ok),
+        "dropped": dict(sorted(dropped.items())),
+        "altered": dict(sorted(altered.items())),
+        "examples": _merge_examples(ok),
+        "task_seconds": round(sum(e["seconds"] for e in ok), 3),
+        "shards": len(ok),
+        "quarantined": [
+            {
+                "shard": e["shard"],
+                "error": e["error"],
+                "attempts": e["attempts"],
+                "files": files[e["shard"]][:5],
+            }
+            for e in entries
+            if e.get("quarantined")
+        ],  # fmt: skip
+    }
+    if stage == "normalize":
+        row["truncated_files"] = sum(e.get("truncated_files", 0) for e in ok)
+        row["input_bytes"] = sum(e.get("input_bytes", 0) for e in ok)
+    if stage in run.ledger.plans:
+        row["plan"] = run.ledger.plans[stage]
+    return row
+
+
+def _tokenize(run: _Run) -> dict | None:
+    cfg = run.config
+    docs = [run.path("quality", s) for s in run.alive("quality")]
+    if not docs:
+        run.log("tokenize: no documents survived (every shard quarantined?); no store built")
+        return None
+    tokenizer = load_tokenizer(cfg.tokenizer)
+    executor = InlineExecutor() if run.pool.cluster is None else run.pool
+    start = time.perf_counter()
+    store_path = os.path.join(run.root, "store")
+    store = build_store(
+        [ParquetFiles("documents", docs)],
+        tokenizer,
+        store_path,
+        executor=executor,
+        min_shards=min(cfg.min_shards, len(docs)),
+    )
+    return {
+        "stage": "tokenize",
+        "in": sum(run.ledger.done("quality", s)["kept"] for s in run.alive("quality")),
+        "kept": store.num_documents,
+        "dropped": store.skipped,
+        "altered": {},
+        "tokens": store.num_tokens,
+        "store": store_path,
+        "task_seconds": round(time.perf_counter() - start, 3),
+        "quarantined": [],
+    }
+
+
+def run_pipeline(
+    config: PipelineConfig,
+    *,
+    cluster: fray.Cluster | None = None,
+    workers: int = 1,
+    stop_after_tasks: int | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict | None:
+    """Runs (or resumes, or just reads the report of) the pipeline; returns the report.
+
+    Args:
+        config: what to do (`PipelineConfig`).
+        cluster: a fray cluster to run the shard tasks on (None: in this process, where a
+            task's deadline cannot be enforced).
+        workers: tasks at once (actors) on `cluster`.
+        stop_after_tasks: run at most this many new tasks, then return None (rerun to
+            continue); for incremental runs and tests.
+        log: called with one line per event (default: silent).
+
+    Raises:
+        PipelineError: invalid options, or `config.output` holds another pipeline's run.
+    """
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise PipelineError(f"workers={workers!r}: need an int >= 1")
+    root = config.output
+    log = log or (lambda _: None)
+    os.makedirs(root, exist_ok=True)
+    with _lock(root):
+        files = Files("input", config.inputs, text_key=config.text_key).files()
+        shards = _plan([files], config.shard_bytes, config.min_shards)
+        plan = {
+            "format": FORMAT,
+            "options": config.plan_options(),
+            "inputs": _input_records(files),
+            "shards": [{"id": s["id"], "files": s["files"]} for s in shards],
+        }
+        plan = json.loads(json.dumps(plan))
+        _check_plan(root, plan)
+        report_path = os.path.join(root, "report.json")
+        if os.path.exists(report_path):
+            log(f"{root}: finished already (report.json); nothing to do")
+            with open(report_path) as fh:
+                return json.load(fh)
+        pool = TaskPool(cluster, workers, config.task_timeout_s, config.retries)
+        run = _Run(config, root, _Ledger(root), plan["shards"], pool, stop_after_tasks, log)
+        start = time.perf_counter()
+        try:
+            for stage in config.stages():
+                fn, tasks = _stage_tasks(run, stage)
+                run.run(stage, fn, tasks)
+            rows = [_stage_report(run, stage) for stage in config.stages()]
+            if config.tokenize:
+                if run.budget is not None and run.budget <= 0:
+                    raise _Stopped
+                row = _tokenize(run)
+                if row is not None:
+                    rows.append(row)
+        except _Stopped:
+            log("stopped (stop_after_tasks); rerun to continue")
+            return None
+        finally:
+            pool.close()
+        quality = next(r for r in rows if r["stage"] == "quality")
+        input_bytes = rows[0]["input_bytes"]
+        elapsed = time.perf_counter() - start
+        report = {
+            "format": FORMAT,
+            "input_files": len(files),
+            "input_bytes": input_bytes,
+            "documents": quality["kept"],
+            "documents_dir": os.path.join(root, "documents"),
+            "stages": rows,
+            "quarantined_shards": sorted({q["shard"] for r in rows for q in r["quarantined"]}),
+            "last_run_seconds": round(elapsed, 3),
+        }
+        _write_json(report_path, report)
+        return report
+
+
+def format_report(report: dict) -> str:
+    """The report as a table: one row per stage, in, kept, dropped per reason.
+
+    >>> print(format_report({"stages": [{"stage": "normalize", "in": 3, "kept": 2,
+    ...     "dropped": {"empty": 1}, "altered": {}, "quarantined": []}]}))
+    | stage | in | kept | dropped | by reason | quarantined shards |
+    |---|---|---|---|---|---|
+    | normalize | 3 | 2 | 1 | empty 1 | 0 |
+    """
+    lines = [
+        "| stage | in | kept | dropped | by reason | quarantined shards |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in report["stages"]:
+        reasons = ", ".join(f"{k} {v:,}" for k, v in r["dropped"].items()) or "-"
+        notes = [f"{k} {v:,}" for k, v in r.get("altered", {}).items() if v]
+        if r.get("truncated_files"):
+            notes.append(f"truncated_file {r['truncated_files']:,}")
+        if notes:
+            reasons += f" (notes: {', '.join(notes)})"
+        n_drop = sum(r["dropped"].values())
+        lines.append(
+            f"| {r['stage']} | {r['in']:,} | {r['kept']:,} | {n_drop:,} | {reasons} | "
+            f"{len(r['quarantined'])} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,201 @@
+"""The shard tasks of each stage: read the previous stage's Parquet file of the shard, do the
+stage's work, write this stage's file (temporary name, then rename), return the counts.
+
+Every file has the columns `id`, `text`, `meta` (the input's other fields, a JSON string) and
+`digest` (xxh3-64 of the normalised text); `documents/*.parquet` drops `digest`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import time
+import uuid
+
+import numpy as np
+
+from meltemi.data._sources import SourceError, _file_stat
+from meltemi.data.pipeline._minhash import minhash_signatures
+from meltemi.data.pipeline._normalize import digest, normalize_text, note, read_records
+from meltemi.data.pipeline._quality import QualityConfig, quality_reason
+
+__all__ = ["ShardTask", "filter_shard", "minhash_shard", "normalize_shard", "quality_shard"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardTask:
+    """One shard of one stage.
+
+    Attributes:
+        shard: the shard's id (fixed by the plan).
+        inputs: input files (normalize) or the previous stage's file of the shard.
+        output: the file this task writes.
+        options: the stage's settings (plain values).
+        drop: rows of the input to drop (exact and fuzzy dedup), sorted.
+        reason: what dropped rows are counted under.
+        quality: the quality rules (quality stage).
+    """
+
+    shard: int
+    inputs: tuple[str, ...]
+    output: str
+    options: dict = dataclasses.field(default_factory=dict)
+    drop: np.ndarray | None = None
+    reason: str = ""
+    quality: QualityConfig | None = None
+
+
+def _pq():
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ModuleNotFoundError as e:  # pragma: no cover - exercised by the wheel test
+        raise SourceError("the pipeline needs pyarrow: pip install 'meltemi-data[parquet]'") from e
+    return pa, pq
+
+
+def _write_atomic(output: str, write) -> None:
+    os.makedirs(os.path.dirname(output), exist_ok=True)
+    tmp = f"{output}.tmp-{uuid.uuid4().hex[:8]}"
+    write(tmp)
+    os.replace(tmp, output)
+
+
+def write_table(output: str, columns: dict, with_digest: bool = True) -> None:
+    pa, pq = _pq()
+    arrays = {
+        "id": pa.array(columns["id"], pa.string()),
+        "text": pa.array(columns["text"], pa.string()),
+        "meta": pa.array(columns["meta"], pa.string()),
+    }
+    if with_digest:
+        arrays["digest"] = pa.array(np.asarray(columns["digest"], np.uint64), pa.uint64())
+    table = pa.table(arrays)
+    _write_atomic(output, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+
+
+def read_table(path: str, columns: list[str] | None = None) -> dict:
+    _, pq = _pq()
+    table = pq.ParquetFile(path).read(columns=columns)  # (read_table imports pyarrow.dataset)
+    out = {name: table.column(name).to_pylist() for name in table.column_names if name != "digest"}
+    if "digest" in table.column_names:
+        out["digest"] = table.column("digest").to_numpy().astype(np.uint64)
+    return out
+
+
+def _entry(n_in: int, kept: int, dropped, start: float, **extra) -> dict:
+    return {
+        "in": n_in,
+        "kept": kept,
+        "dropped": dict(dropped),
+        "seconds": round(time.perf_counter() - start, 4),
+        **extra,
+    }
+
+
+def normalize_shard(task: ShardTask) -> dict:
+    """Reads the shard's input files, normalises every record, writes the kept ones."""
+    start = time.perf_counter()
+    dropped: collections.Counter = collections.Counter()
+    altered: collections.Counter = collections.Counter()
+    damaged: collections.Counter = collections.Counter()  # files: truncated_file
+    examples: dict[str, list[str]] = {}
+    cols: dict[str, list] = {"id": [], "text": [], "meta": [], "digest": []}
+    seen = 0
+    input_bytes = 0
+    max_run = task.options["max_run"]
+    max_chars = task.options["max_document_chars"]
+    for path in task.inputs:
+        for record in read_records(path, task.options["text_key"], damaged, examples):
+            seen += 1
+            if record.text is None:
+                dropped[record.reason] += 1
+                note(examples, record.reason, record.id)
+                continue
+            changes: collections.Counter = collections.Counter()
+            text = normalize_text(record.text, max_run, changes)
+            if len(text) > max_chars:
+                changes["truncated_long"] += 1
+                text = text[:max_chars]
+            for reason in changes:
+                note(examples, reason, record.id)
+            altered.update(changes)
+            if not text:
+                dropped["empty"] += 1
+                note(examples, "empty", record.id)
+                continue
+            cols["id"].append(record.id)
+            cols["text"].append(text)
+            cols["meta"].append(record.meta)
+            cols["digest"].append(digest(text))
+        try:
+            input_bytes += _file_stat(path)[0]
+        except OSError:
+            pass
+    write_table(task.output, cols)
+    return _entry(
+        seen,
+        len(cols["id"]),
+        dropped,
+        start,
+        altered=dict(altered),
+        truncated_files=damaged["truncated_file"],
+        examples=examples,
+        input_bytes=input_bytes,
+    )
+
+
+def filter_shard(task: ShardTask) -> dict:
+    """Drops the rows `task.drop` (exact or fuzzy duplicates) from the shard's file."""
+    start = time.perf_counter()
+    cols = read_table(task.inputs[0])
+    n = len(cols["id"])
+    keep = np.ones(n, bool)
+    if task.drop is not None and len(task.drop):
+        keep[task.drop] = False
+    idx = np.flatnonzero(keep).tolist()
+    out = {k: [v[i] for i in idx] for k, v in cols.items() if k != "digest"}
+    out["digest"] = cols["digest"][keep]
+    write_table(task.output, out)
+    dropped = {task.reason: n - len(idx)} if n - len(idx) else {}
+    return _entry(n, len(idx), dropped, start)
+
+
+def minhash_shard(task: ShardTask) -> dict:
+    """Writes the MinHash signatures of the shard's documents (`.npz`: `sig`, `has`)."""
+    start = time.perf_counter()
+    texts = read_table(task.inputs[0], ["text"])["text"]
+    sig, has = minhash_signatures(
+        texts,
+        num_perm=task.options["num_perm"],
+        shingle_size=task.options["shingle_size"],
+        seed=task.options["seed"],
+    )
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, sig=sig, has=has)
+
+    _write_atomic(task.output, write)
+    no_shingles = int((~has).sum())
+    return _entry(len(texts), len(texts), {}, start, altered={"no_shingles": no_shingles})
+
+
+def quality_shard(task: ShardTask) -> dict:
+    """Applies the quality rules; writes the survivors to `documents/`."""
+    start = time.perf_counter()
+    cols = read_table(task.inputs[0])
+    dropped: collections.Counter = collections.Counter()
+    examples: dict[str, list[str]] = {}
+    keep = []
+    for i, text in enumerate(cols["text"]):
+        reason = quality_reason(text, task.quality)
+        if reason is None:
+            keep.append(i)
+        else:
+            dropped[reason] += 1
+            note(examples, reason, cols["id"][i])
+    out = {k: [cols[k][i] for i in keep] for k in ("id", "text", "meta")}
+    write_table(task.output, out, with_digest=False)
+    return _entry(len(cols["id"]), len(keep), dropped, start, examples=examples)

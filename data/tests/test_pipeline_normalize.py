@@ -1,0 +1,46 @@
+"""Normalisation: each step, its counts, and linear cost on absurd runs."""
+
+from __future__ import annotations
+
+import collections
+import time
+import unicodedata
+
+from meltemi.data.pipeline import normalize_text
+
+
+def _norm(text, max_run=1000):
+    c = collections.Counter()
+    return normalize_text(text, max_run, c), dict(c)
+
+
+def test_invalid_utf8_is_replaced_and_counted():
+    assert _norm(b"ok \xff\xfe bytes") == ("ok \ufffd\ufffd bytes", {"invalid_utf8_replaced": 1})
+    assert _norm("lone \ud800 surrogate") == ("lone ? surrogate", {"invalid_utf8_replaced": 1})
+
+
+def test_text_is_nfc():
+    decomposed = "Cafe\u0301 \u1f00\u0301"
+    out, counts = _norm(decomposed)
+    assert out == unicodedata.normalize("NFC", decomposed) != decomposed and counts == {}
+
+
+def test_line_endings_control_characters_and_whitespace_are_normalised():
+    text = "  a\u00a0b\r\nline\x07 two \t\r\r\r\rthird\u200b\x00 \n\n\n\n\nlast  "
+    out, counts = _norm(text)
+    assert out == "a b\nline two\n\nthird\n\nlast"
+    assert counts == {"control_chars_removed": 1}
+
+
+def test_absurd_runs_are_capped_in_linear_time():
+    small = "x " + " " * 2_000_000 + "y" + "z" * 2_000_000
+    big = "x " + " " * 8_000_000 + "y" + "z" * 8_000_000
+    start = time.perf_counter()
+    out, counts = _norm(small, max_run=100)
+    t_small = time.perf_counter() - start
+    start = time.perf_counter()
+    out_big, _ = _norm(big, max_run=100)
+    t_big = time.perf_counter() - start
+    assert out == out_big == "x" + " " * 100 + "y" + "z" * 100  # a run of spaces is one run
+    assert counts == {"truncated_runs": 1}
+    assert t_big < 10 * t_small + 0.5  # 4x the input, not 16x the time

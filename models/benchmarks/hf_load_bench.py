@@ -1,0 +1,134 @@
+"""Peak host memory and time of `hf.load` onto 8 CPU devices with FSDP, against
+`transformers`' `from_pretrained` on the same directory, measured in one run.
+
+Each load runs in a fresh child process; its baseline is the resident set after importing its
+libraries (jax + meltemi, or torch + transformers), and its peak is the kernel's high-water mark
+(`VmHWM`). The checkpoint (a bfloat16 Llama, two safetensors shards) is written tensor by
+tensor into a temporary directory first.
+
+    python models/benchmarks/hf_load_bench.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+import ml_dtypes
+import numpy as np
+
+# hidden 2048, 16 layers, vocab 32000, GQA 16/4: 0.85B parameters = 1.7 GB in bfloat16.
+FULL = dict(hidden_dim=2048, intermediate_dim=5632, num_layers=16, num_heads=16, num_kv_heads=4)
+QUICK = dict(hidden_dim=512, intermediate_dim=1408, num_layers=4, num_heads=8, num_kv_heads=4)
+
+
+def _status(field: str) -> int:
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def write_checkpoint(directory: pathlib.Path, quick: bool) -> int:
+    """A random bfloat16 Llama checkpoint in two shards; returns its tensor bytes."""
+    import meltemi.models as mm
+    from meltemi.models import _hf_keys
+    from meltemi.models._safetensors import PendingTensor, write_sharded
+
+    cfg = mm.get_preset("tiny-llama").replace(
+        vocab_size=32_000 if not quick else 8_000, head_dim=None, max_seq_len=2048,
+        **(QUICK if quick else FULL),
+    )  # fmt: skip
+    rng = np.random.default_rng(0)
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+
+    def produce(shape):
+        return (0.02 * rng.standard_normal(shape, np.float32)).astype(bf16)
+
+    shapes = _hf_keys.state_dict_shapes(cfg)
+    tensors = [PendingTensor(k, s, bf16, lambda s=s: produce(s)) for k, s in shapes.items()]
+    total = sum(t.nbytes for t in tensors)
+    write_sharded(directory, tensors, max_shard_bytes=total // 2 + 1)
+    hf_config = mm.to_hf_config(cfg) | {"dtype": "bfloat16", "torch_dtype": "bfloat16"}
+    (directory / "config.json").write_text(json.dumps(hf_config))
+    return total
+
+
+def _child_meltemi(directory: str) -> dict:
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    import jax
+
+    import meltemi.haliax as hax
+    from meltemi.models import hf
+
+    mesh = hax.partitioning.make_mesh({"data": 8})
+    baseline = _status("VmRSS")
+    start = time.perf_counter()
+    model, _ = hf.load(directory, mesh=mesh, axis_mapping={"embed": "data"})
+    jax.block_until_ready(jax.tree.leaves(model))
+    return {"s": time.perf_counter() - start, "baseline": baseline, "peak": _status("VmHWM")}
+
+
+def _child_transformers(directory: str) -> dict:
+    import torch
+    import transformers
+
+    baseline = _status("VmRSS")
+    start = time.perf_counter()
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16)
+    assert next(model.parameters()).dtype == torch.bfloat16
+    return {"s": time.perf_counter() - start, "baseline": baseline, "peak": _status("VmHWM")}
+
+
+def _run_child(kind: str, directory: pathlib.Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", kind, str(directory)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure(quick: bool = False) -> dict:
+    with tempfile.TemporaryDirectory(prefix="hf_load_bench_") as tmp:
+        directory = pathlib.Path(tmp)
+        nbytes = write_checkpoint(directory, quick)
+        ours = _run_child("meltemi", directory)
+        theirs = _run_child("transformers", directory)
+    gb = 1e9
+    return {
+        "checkpoint_gb": round(nbytes / gb, 3),
+        "hf_load_s": round(ours["s"], 2),
+        "hf_load_peak_rss_over_checkpoint": round((ours["peak"] - ours["baseline"]) / nbytes, 3),
+        "hf_load_baseline_rss_gb": round(ours["baseline"] / gb, 3),
+        "hf_load_peak_rss_gb": round(ours["peak"] / gb, 3),
+        "transformers_load_s": round(theirs["s"], 2),
+        "transformers_peak_rss_over_checkpoint": round(
+            (theirs["peak"] - theirs["baseline"]) / nbytes, 3
+        ),
+        "hf_load_vs_transformers_s": round(ours["s"] / theirs["s"], 3),
+    }
+
+
+def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        child = {"meltemi": _child_meltemi, "transformers": _child_transformers}[sys.argv[2]]
+        print(json.dumps(child(sys.argv[3])))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a 0.1 GB checkpoint")
+    args = parser.parse_args()
+    print(json.dumps(measure(args.quick), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""Expert parallelism: tokens travel to the devices holding their experts, and back, with
+all-to-all (`jax.shard_map` + `jax.lax.all_to_all`).
+
+Used when the active mapping sends the `experts` axis to a mesh axis `ep` of size n > 1 and the
+batch is split over `ep` too (outside the MoE layers the expert devices are data-parallel).
+Each device then holds `E / n` experts and its own `b` sequences, and per MoE layer:
+
+| step | on each device | shape |
+|---|---|---|
+| route + dispatch | its tokens into `C` slots per expert and sequence (GShard) | `[E, b, C, D]` |
+| all-to-all 1 | the slots of expert group g go to device g | `[n, E/n, b, C, D]` |
+| experts | SwiGLU of its `E/n` experts on what it received | `[n, E/n, b, C, D]` |
+| all-to-all 2 | results go back to the devices the tokens came from | `[E, b, C, D]` |
+| combine | weighted sum over each token's slots | `[b, S, D]` |
+
+So each device sends and receives `E * b * C * D` values per all-to-all: its *local* tokens
+times `E * C / S` (about `capacity_factor * top_k`), independent of the global batch.
+`dispatch="capacity"` uses the config's capacity (exactly the single-device capacity path:
+same groups, same slot order, same drops). `dispatch="dropless"` uses `C = S`, so no
+assignment can be dropped (exactly the dropless function), at `E / (capacity_factor * top_k)`
+times the traffic and expert FLOPs of the capacity path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+import meltemi.haliax as hax
+from meltemi.models import _moe_kernels as K
+from meltemi.models._axes import BATCH, EMBED, EXPERTS, POSITION
+
+
+@dataclasses.dataclass(frozen=True)
+class EpPlan:
+    """Where the expert-parallel layer runs: the mesh, its expert axis and the batch split."""
+
+    mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh
+    axis: str
+    batch: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        return self.mesh.shape[self.axis]
+
+
+def plan(x: hax.NamedArray, num_experts: int) -> EpPlan | None:
+    """The EP plan for activations `x` (`batch, position, embed`) under the active mapping and
+    mesh, or None when the experts are not split over a mesh axis (the local paths run then).
+
+    When the experts are split but the layout does not allow the all-to-all dispatch (the
+    batch is not split over the expert axis too, activations are split along position or
+    embed, or the experts do not divide evenly), this warns and returns None: the local path
+    then runs on expert-sharded weights, with compiler-inserted gathers and reductions.
+    """
+    mapping = hax.partitioning.current_thread_local_mapping()
+    mesh = hax.partitioning.current_mesh()
+    if not mapping or mesh is None:
+        return None
+    axis = mapping.get(EXPERTS)
+    if not isinstance(axis, str) or axis not in mesh.shape or mesh.shape[axis] == 1:
+        return None
+    spec = hax.partitioning.pspec_for_axis(x.axes, mapping, mesh)
+    by_name = dict(zip((a.name for a in x.axes), spec, strict=True))
+    batch = by_name[BATCH]
+    batch = () if batch is None else (batch,) if isinstance(batch, str) else tuple(batch)
+    problem = None
+    if axis not in batch:
+        problem = (
+            f"the batch is split over {batch or 'nothing'}, not over {axis!r}; map it like "
+            f"{{'batch': {(*batch, axis)!r}, 'experts': {axis!r}}}"
+        )
+    elif by_name[POSITION] is not None or by_name[EMBED] is not None:
+        problem = "activations are split along position or embed; map both to None"
+    elif num_experts % mesh.shape[axis]:
+        problem = f"num_experts={num_experts} is not a multiple of {mesh.shape[axis]}"
+    if problem is not None:
+        warnings.warn(
+            f"experts are split over mesh axis {axis!r} but tokens cannot be exchanged with "
+            f"all-to-all: {problem}. Falling back to gathers of the tokens.",
+            stacklevel=2,
+        )
+        return None
+    return EpPlan(mesh, axis, batch)
+
+
+def moe(
+    ep: EpPlan,
+    x: jax.Array,
+    logits: jax.Array,
+    w_gate: jax.Array,
+    w_up: jax.Array,
+    w_down: jax.Array,
+    act: Callable[[jax.Array], jax.Array],
+    *,
+    top_k: int,
+    normalize: bool,
+    capacity: int,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Routing and the expert MLP with all-to-all dispatch.
+
+    Args:
+        ep: the plan.
+        x: `[B, S, D]` tokens (batch split over `ep.batch`).
+        logits: `[B, S, E]` float32 router logits (same split).
+        w_gate, w_up: `[E, D, I]`; w_down: `[E, I, D]` (experts split over `ep.axis`).
+        act: the gate activation.
+        top_k, normalize: routing (`_moe_kernels.route`).
+        capacity: slots per expert and sequence (`S` for dropless).
+
+    Returns:
+        `(y [B, S, D], kept [B, S, K], probs [B, S, E], experts [B, S, K])`. Routing runs on
+        each device's own tokens (top-k of a batch-split array would otherwise be gathered).
+    """
+    num_experts = w_gate.shape[0]
+    n = ep.size
+    batch = ep.batch if len(ep.batch) > 1 else ep.batch[0]
+    tokens = P(batch, None, None)
+    expert_w = P(ep.axis, None, None)
+
+    @functools.partial(
+        jax.shard_map,
+        mesh=ep.mesh,
+        in_specs=(tokens, tokens, expert_w, expert_w, expert_w),
+        out_specs=(tokens, tokens, tokens, tokens),
+        check_vma=False,
+    )
+    def local(x, logits, w_gate, w_up, w_down):
+        b, _, d = x.shape
+        probs, weights, experts = K.route(logits, top_k, normalize=normalize)
+        weights = weights.astype(x.dtype)
+        dispatch, combine, kept = K.capacity_dispatch(weights, experts, num_experts, capacity)
+        slots = jnp.einsum("bsec,bsd->ebcd", dispatch.astype(x.dtype), x)
+        slots = slots.reshape(n, num_experts // n, b, capacity, d)
+        # Slots of expert group g -> device g; received: [source device, local expert, ...].
+        received = jax.lax.all_to_all(slots, ep.axis, split_axis=0, concat_axis=0)
+        gate = jnp.einsum("nebcd,edi->nebci", received, w_gate)
+        up = jnp.einsum("nebcd,edi->nebci", received, w_up)
+        out = jnp.einsum("nebci,eid->nebcd", (act(gate) * up).astype(x.dtype), w_down)
+        # Results back to the devices the tokens came from: [expert group, local expert, ...].
+        back = jax.lax.all_to_all(out, ep.axis, split_axis=0, concat_axis=0)
+        back = back.reshape(num_experts, b, capacity, d)
+        y = jnp.einsum("bsec,ebcd->bsd", combine.astype(x.dtype), back)
+        return y, kept, probs, experts
+
+    return local(x, logits, w_gate, w_up, w_down)
