@@ -21,10 +21,7 @@ def _store(path: pathlib.Path, source: md.Source, tokenizer: md.Tokenizer) -> md
         md.build_store([source], tokenizer, path)
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices(f"meltemi store {path}")
-    store = md.TokenStore.open(path, tokenizer)
-    if jax.process_index() == 0 and (skipped := store.skipped_summary()) is not None:
-        print(skipped, flush=True)  # what the build skipped, by reason (details in meta.json)
-    return store
+    return md.TokenStore.open(path, tokenizer)
 
 
 def source_store(
