@@ -2,7 +2,8 @@
 
 Usage (from the workspace root; needs only python3 and the package registry):
 
-    python3 tools/lock.py
+    python3 tools/lock.py              # add new requirements, keep every existing pin
+    python3 tools/lock.py --upgrade    # re-resolve everything to the newest versions
 
 It resolves the direct requirements in a throwaway virtualenv and writes every installed
 distribution pinned with `==`, so `./bazelw` can rebuild `.venv` with `--no-deps`.
@@ -28,13 +29,20 @@ HEADER = """\
 """
 
 
-def resolve(requirements_in: pathlib.Path) -> list[str]:
-    """Installs `requirements_in` into a fresh venv and returns `name==version` lines, sorted."""
+def resolve(requirements_in: pathlib.Path, constraints: pathlib.Path | None = None) -> list[str]:
+    """Installs `requirements_in` into a fresh venv and returns `name==version` lines, sorted.
+
+    Args:
+      requirements_in: the direct requirements.
+      constraints: an existing lock whose pins are kept (`pip -c`), so adding one
+        dependency does not silently upgrade the others.
+    """
     with tempfile.TemporaryDirectory() as tmp:
         venv = pathlib.Path(tmp) / "venv"
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
-        subprocess.run([*pip, "install", "-q", "-r", str(requirements_in)], check=True)
+        extra = ["-c", str(constraints)] if constraints is not None else []
+        subprocess.run([*pip, "install", "-q", "-r", str(requirements_in), *extra], check=True)
         frozen = subprocess.run(
             [*pip, "freeze", "--all"], check=True, capture_output=True, text=True
         ).stdout
@@ -51,7 +59,8 @@ def resolve(requirements_in: pathlib.Path) -> list[str]:
 
 
 def main() -> None:
-    pins = resolve(REQUIREMENTS_IN)
+    upgrade = "--upgrade" in sys.argv[1:]
+    pins = resolve(REQUIREMENTS_IN, None if upgrade or not LOCK.exists() else LOCK)
     LOCK.write_text(HEADER + "\n".join(pins) + "\n")
     print(f"wrote {LOCK.relative_to(ROOT)} with {len(pins)} pins")
 
