@@ -675,8 +675,14 @@ def _tri(fn):
 
     wrapped.__name__ = fn.__name__
     wrapped.__qualname__ = fn.__name__
+    keep = "below" if fn.__name__ == "tril" else "above"
     wrapped.__doc__ = (
-        f"`jnp.{fn.__name__}` over the (row, column) axes `axis1`, `axis2`, offset by `k`."
+        f"`jnp.{fn.__name__}` over the (row, column) axes `axis1`, `axis2`, offset by `k`.\n\n"
+        "    Args:\n"
+        "        array: the array; its other axes are batch axes.\n"
+        "        axis1: the row axis (or, in the older form, a `(row, col)` pair).\n"
+        "        axis2: the column axis (in the older pair form: `k`).\n"
+        f"        k: the diagonal offset; elements {keep} diagonal `k` are kept.\n"
     )
     return wrapped
 

@@ -191,6 +191,15 @@ def pspec_for_axis(
 ) -> PartitionSpec:
     """The PartitionSpec for an array with `axes` under `mapping` (checked against `mesh`).
 
+    Args:
+        axes: the array's axes, in order.
+        mapping: logical axis name -> mesh axis (or tuple of mesh axes, or None). None uses
+            the active `axis_mapping`.
+        mesh: the mesh to check mesh-axis names and divisibility against; None skips checks.
+        uneven: what to do with an axis whose size its mesh axes do not divide:
+            `"error"` (the default) or `"replicate"` (keep it whole); None uses the policy of
+            the enclosing `axis_mapping`.
+
     Raises:
         ShardingError: a mapped mesh axis is not in `mesh`, or (unless `uneven="replicate"`,
             here or in the enclosing `axis_mapping`) an axis's size is not divisible by the
@@ -245,7 +254,16 @@ def pspec_for(
     *,
     uneven: UnevenPolicy | None = None,
 ) -> Any:
-    """A PartitionSpec for each NamedArray of `tree` (None for other leaves)."""
+    """A PartitionSpec for each NamedArray of `tree` (None for other leaves).
+
+    Args:
+        tree: any pytree; NamedArray leaves get a NamedArray-shaped node holding the spec.
+        mapping: logical axis name -> mesh axis; None uses the active `axis_mapping`.
+        mesh: the mesh to check against; None uses the active mesh (if any).
+        uneven: what to do with an axis whose size its mesh axes do not divide:
+            `"error"` (the default) or `"replicate"` (keep it whole); None uses the policy of
+            the enclosing `axis_mapping`.
+    """
     m = _mesh(mesh)
 
     def one(x):
@@ -269,6 +287,16 @@ def infer_resource_partitions(
 
     NamedArray leaves get a NamedArray-shaped tree node, so the result is a prefix of `tree`
     suitable for `jax.jit(in_shardings=...)` or `jax.device_put`.
+
+    Args:
+        tree: any pytree of NamedArrays, arrays and other leaves (the latter map to None).
+        mapping: logical axis name -> mesh axis; None uses the active `axis_mapping`.
+        mesh: the mesh; None uses the active mesh, and with neither this raises.
+        preserve_existing_shardings: keep a NamedArray's current `NamedSharding` instead of
+            recomputing it from `mapping`.
+        uneven: what to do with an axis whose size its mesh axes do not divide:
+            `"error"` (the default) or `"replicate"` (keep it whole); None uses the policy of
+            the enclosing `axis_mapping`.
     """
     m = _mesh(mesh)
     if m is None:
@@ -316,6 +344,14 @@ def shard(
     """Places (outside jit) or constrains (inside jit) every NamedArray of `x` by name.
 
     With no mesh available this is the identity, so model code can call it unconditionally.
+
+    Args:
+        x: any pytree; only NamedArray leaves are placed or constrained.
+        mapping: logical axis name -> mesh axis; None uses the active `axis_mapping`.
+        mesh: the mesh; None uses the active mesh (no mesh: identity).
+        uneven: what to do with an axis whose size its mesh axes do not divide:
+            `"error"` (the default) or `"replicate"` (keep it whole); None uses the policy of
+            the enclosing `axis_mapping`.
     """
     m = _mesh(mesh)
     if m is None:
@@ -357,6 +393,15 @@ def named_jit(
     mapping). Non-array arguments are static, as in `eqx.filter_jit`.
     `donate_args=True` donates every array argument (haliax takes a per-argument prefix).
     Typical FSDP: parameters' `embed` -> "data" for storage, batch -> "data" for compute.
+
+    Args:
+        fn: the function to compile (or None, to use `named_jit(...)` as a decorator).
+        axis_resources: the compute mapping active inside `fn`; None uses the mapping
+            active at each call.
+        in_axis_resources: the mapping inputs are constrained to (default: the compute one).
+        out_axis_resources: the mapping outputs are constrained to (default: the compute one).
+        mesh: the mesh; None uses the active mesh at each call.
+        donate_args: donate every array argument's buffer to the computation.
 
     >>> import jax.numpy as jnp
     >>> import meltemi.haliax as hax
