@@ -41,7 +41,13 @@ def meltemi_library_checks(name, lib, meltemi_deps = []):
     """
     native.filegroup(
         name = "package_files",
-        srcs = native.glob(["pyproject.toml", "README.md", "LICENSE", "src/**"], exclude = ["**/__pycache__/**"]),
+        srcs = native.glob(["pyproject.toml", "README.md", "CHANGELOG.md", "LICENSE", "src/**"], exclude = ["**/__pycache__/**"]),
+        visibility = ["//visibility:public"],
+    )
+    # What the documentation site links to besides the README: figures, bench results.
+    native.filegroup(
+        name = "doc_files",
+        srcs = native.glob(["*.json", "*.png", "docs/**"], exclude = ["**/__pycache__/**"]),
         visibility = ["//visibility:public"],
     )
     native.filegroup(

@@ -197,6 +197,8 @@ def make_env(root: pathlib.Path, wheels: list[pathlib.Path], dists: set[str]) ->
             target = site / entry
             if not target.exists() and (outer_site / entry).exists():
                 target.symlink_to(outer_site / entry)
+    if not wheels:
+        return python
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--python", str(python)]
     proc = subprocess.run(
         [*pip, "install", "-q", "--no-deps", "--no-index", *map(str, wheels)],

@@ -274,15 +274,24 @@ def muon(
 
     Args:
         learning_rate: Muon's lr (float or schedule).
-        beta, nesterov, ns_steps, ns_coeffs, mu_dtype: optax's `contrib.scale_by_muon`.
+        beta: momentum decay (optax's `contrib.scale_by_muon`).
+        nesterov: Nesterov momentum (optax's `contrib.scale_by_muon`).
+        ns_steps: Newton-Schulz iterations (optax's `contrib.scale_by_muon`).
+        ns_coeffs: Newton-Schulz coefficients (optax's `contrib.scale_by_muon`).
+        mu_dtype: momentum dtype (optax's `contrib.scale_by_muon`).
         scale: "spectral" (`sqrt(max(1, fan_out / fan_in))`), "rms" (`0.2 *
             sqrt(max(fan_in, fan_out))`, so AdamW's lr transfers) or "none".
-        weight_decay, mask, adamc, adamc_mask, lr_max: see `add_decayed_weights` (shared by
-            both parts).
+        weight_decay: decoupled decay (see `add_decayed_weights`; shared by both parts).
+        mask: which leaves decay (see `add_decayed_weights`).
+        adamc: AdamC's corrected decay (see `add_decayed_weights`).
+        adamc_mask: which leaves get AdamC's correction (see `add_decayed_weights`).
+        lr_max: the schedule's peak lr, for AdamC (see `add_decayed_weights`).
         adam_learning_rate: the fallback's lr. Required: Muon's lr (~0.02) is far too large
             for AdamW, so there is no default.
-        adam_b1, adam_b2, adam_eps, adam_weight_decay: the fallback AdamW (decay default:
-            `weight_decay`).
+        adam_b1: the fallback AdamW's first-moment decay.
+        adam_b2: the fallback AdamW's second-moment decay.
+        adam_eps: the fallback AdamW's epsilon.
+        adam_weight_decay: the fallback AdamW's decay (default: `weight_decay`).
         batch_axes: NamedArray axis names that index stacked matrices (`layers`, `experts`).
         adam_patterns: path regexes of matrices kept on AdamW.
         dimension_numbers: `(path, leaf) -> MuonDimensionNumbers | None`, replacing
