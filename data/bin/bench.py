@@ -19,6 +19,10 @@ All figures come from one run on this machine:
   quality, tokenize with the byte tokenizer) on a synthetic corpus with planted duplicates and
   junk, `--workers` fray actors on a `LocalCluster` started before the clock (input MB/s);
   `pipeline_inline_mb_per_s` is the same in one process.
+* `normalize_*`, `quality_*`: the vectorised batch normalize (with the exact-dedup digest) and
+  quality rules (`normalize_texts` + `digests`, `quality_reasons`) on the corpus's texts,
+  against the per-document Python they replaced (`normalize_text` + `digest` per text;
+  `meltemi.data.testing.quality_reason_reference`): the references.
 * `minhash_docs_per_s`: `minhash_signatures` (128 values, 5-word shingles, one-permutation
   hashing), one process; `minhash_permutations_docs_per_s`: classic MinHash (128 hashes a
   shingle) on the same documents;
@@ -35,6 +39,7 @@ Each timing is the best of `--repeats`; the machine is shared, so the best is th
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import json
 import os
@@ -60,12 +65,17 @@ from meltemi.data._clean import contains_any
 from meltemi.data._packing import pack_ffd, pack_next_fit, padding_fraction
 from meltemi.data.pipeline import (
     PipelineConfig,
+    QualityConfig,
     lsh_params,
     minhash_signatures,
     near_duplicate_drops,
+    normalize_text,
     run_pipeline,
 )
+from meltemi.data.pipeline._normalize import digest, digests, normalize_texts
+from meltemi.data.pipeline._quality import quality_reasons
 from meltemi.data.pipeline._synthetic import synthetic_corpus, write_corpus
+from meltemi.data.testing import next_fit_reference, quality_reason_reference
 
 
 def _best(fn, repeats: int) -> float:
@@ -165,28 +175,7 @@ def bench_short_documents(workdir: str, documents: int, repeats: int) -> dict:
 
 def _next_fit_loop(lengths: np.ndarray, seq_len: int) -> list[np.ndarray]:
     """The previous piece-by-piece next-fit loop (the reference), with its plan arrays."""
-    pos, off, ln, row_off, seq_start = [], [], [], [], [0]
-    fill = 0
-    for p, total in enumerate(lengths.tolist()):
-        start = 0
-        while total - start >= seq_len:
-            if fill:
-                seq_start.append(len(pos))
-                fill = 0
-            pos.append(p), off.append(start), ln.append(seq_len), row_off.append(0)
-            seq_start.append(len(pos))
-            start += seq_len
-        rest = total - start
-        if rest == 0:
-            continue
-        if fill + rest > seq_len:
-            seq_start.append(len(pos))
-            fill = 0
-        pos.append(p), off.append(start), ln.append(rest), row_off.append(fill)
-        fill += rest
-    if fill:
-        seq_start.append(len(pos))
-    return [np.asarray(x, np.int64) for x in (pos, off, ln, row_off, seq_start)]
+    return [np.asarray(x, np.int64) for x in next_fit_reference(lengths, seq_len)]
 
 
 def bench_packing(documents: int, repeats: int) -> dict:
@@ -262,6 +251,30 @@ def _datasketch(texts: list[str], threshold: float, repeats: int) -> dict:
     }
 
 
+def bench_batch_stages(texts: list[str], repeats: int) -> dict:
+    """The vectorised normalize (+ exact-dedup digest) and quality rules against the
+    per-document Python they replaced (the references), on the same texts."""
+    mb = sum(map(len, texts)) / 1e6
+    quality = QualityConfig()
+    normalize_s = _best(lambda: digests(normalize_texts(texts, 1000)[0]), repeats)
+
+    def per_document():
+        for t in texts:
+            digest(normalize_text(t, 1000, collections.Counter()))
+
+    normalize_ref_s = _best(per_document, repeats)
+    quality_s = _best(lambda: quality_reasons(texts, quality), repeats)
+    quality_ref_s = _best(lambda: [quality_reason_reference(t, quality) for t in texts], repeats)
+    return {
+        "normalize_mb_per_s": mb / normalize_s,
+        "normalize_per_document_mb_per_s_reference": mb / normalize_ref_s,
+        "normalize_speedup_vs_reference": normalize_ref_s / normalize_s,
+        "quality_mb_per_s": mb / quality_s,
+        "quality_per_document_mb_per_s_reference": mb / quality_ref_s,
+        "quality_speedup_vs_reference": quality_ref_s / quality_s,
+    }
+
+
 def bench_pipeline(workdir: str, distinct: int, repeats: int, workers: int) -> dict:
     recs = synthetic_corpus(
         distinct, exact=distinct // 20, near=distinct // 20, junk=distinct // 10
@@ -281,6 +294,7 @@ def bench_pipeline(workdir: str, distinct: int, repeats: int, workers: int) -> d
         fray_s = _best(lambda: once(cluster), repeats)
     inline_s = _best(lambda: once(None), repeats)
     texts = [r["text"] for r in recs]
+    out = bench_batch_stages(texts, repeats)
     sig: list = []
     minhash_s = _best(lambda: sig.__setitem__(slice(None), [minhash_signatures(texts)]), repeats)
     sigs, has = sig[0]
@@ -289,7 +303,7 @@ def bench_pipeline(workdir: str, distinct: int, repeats: int, workers: int) -> d
     lsh_s = _best(
         lambda: near_duplicate_drops(sigs, has, threshold=0.8, bands=bands, rows=rows), repeats
     )
-    out = {
+    out |= {
         "pipeline_input_mb": mb,
         "pipeline_documents": len(recs),
         "pipeline_mb_per_s": mb / fray_s,

@@ -77,7 +77,10 @@ def test_bench_quick_reports_consistent_figures(capsys):
     assert out["pack_padding_ffd"] < 0.05 < 0.2 < out["pack_padding_next_fit"]
     assert 50 < out["short_doc_mean_tokens"] < 200 and out["short_doc_pieces_per_batch"] > 32 * 20
     speedups = [k for k in out if k.endswith("_vs_reference")]
-    assert len(speedups) == 3 and all(out[k] > 0 for k in speedups)
+    assert len(speedups) == 5 and all(out[k] > 0 for k in speedups)
+    for stage in ("normalize", "quality"):  # batch stages and their per-document references
+        ratio = out[f"{stage}_mb_per_s"] / out[f"{stage}_per_document_mb_per_s_reference"]
+        assert out[f"{stage}_speedup_vs_reference"] == pytest.approx(ratio, rel=1e-2)
 
 
 def test_pipeline_runs_on_fray_resumes_and_reports(tmp_path, capsys):

@@ -8,32 +8,7 @@ import pytest
 
 from meltemi.data import PackedDataset, packing_options
 from meltemi.data._packing import pack_ffd, pack_next_fit, padding_fraction
-
-
-def _next_fit_reference(lengths, seq_len):
-    """The packing loop of the previous release, piece by piece."""
-    pos, off, ln, row_off, seq_start = [], [], [], [], [0]
-    fill = 0
-    for p, total in enumerate(lengths.tolist()):
-        start = 0
-        while total - start >= seq_len:
-            if fill:
-                seq_start.append(len(pos))
-                fill = 0
-            pos.append(p), off.append(start), ln.append(seq_len), row_off.append(0)
-            seq_start.append(len(pos))
-            start += seq_len
-        rest = total - start
-        if rest == 0:
-            continue
-        if fill + rest > seq_len:
-            seq_start.append(len(pos))
-            fill = 0
-        pos.append(p), off.append(start), ln.append(rest), row_off.append(fill)
-        fill += rest
-    if fill:
-        seq_start.append(len(pos))
-    return pos, off, ln, row_off, seq_start
+from meltemi.data.testing import next_fit_reference
 
 
 def _ffd_reference(lengths, seq_len, window):
@@ -67,7 +42,7 @@ def test_next_fit_equals_the_piece_by_piece_loop(seed):
     lengths = rng.integers(1, 3 * seq_len, int(rng.integers(1, 400)))
     plan = pack_next_fit(lengths, seq_len)
     got = (plan.pos, plan.offset, plan.length, plan.row_offset, plan.seq_start)
-    for a, b in zip(got, _next_fit_reference(lengths, seq_len), strict=True):
+    for a, b in zip(got, next_fit_reference(lengths, seq_len), strict=True):
         assert a.tolist() == b
 
 

@@ -9,10 +9,13 @@ import os
 import subprocess
 import sys
 import time
+import zlib
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import zstandard
 
 from meltemi.data import ByteTokenizer, TokenStore
 from meltemi.data.pipeline import PipelineConfig, PipelineError, QualityConfig, run_pipeline
@@ -93,6 +96,34 @@ def test_a_truncated_archive_keeps_the_records_before_the_damage(tmp_path):
     assert "t.jsonl.gz" in normalize["examples"]["truncated_file"][0]
     kept = [r["text"] for r in _documents(tmp_path / "out")]
     assert 50 < len(kept) < 400 and kept[:3] == ["doc 0", "doc 1", "doc 2"]
+
+
+def _recoverable_lines(kind: str, damaged: bytes) -> int:
+    """Complete lines a streaming decompressor gets out of `damaged` (independent of fsspec)."""
+    if kind == "gz":
+        out = zlib.decompressobj(wbits=31).decompress(damaged)
+    else:
+        out = zstandard.ZstdDecompressor().decompressobj().decompress(damaged)
+    return out.count(b"\n")
+
+
+@pytest.mark.parametrize("kind", ["gz", "zst"])
+def test_every_record_before_the_damage_of_a_truncated_archive_is_kept(tmp_path, kind):
+    rng = np.random.default_rng(0)  # incompressible enough for several zstd blocks
+    tail = [bytes(rng.integers(97, 123, i % 50, dtype=np.uint8)).decode() for i in range(12000)]
+    raw = "".join(json.dumps({"text": f"doc {i} x{t}"}) + "\n" for i, t in enumerate(tail))
+    if kind == "gz":
+        data = gzip.compress(raw.encode())
+    else:
+        data = zstandard.ZstdCompressor(level=3).compress(raw.encode())
+    damaged = data[: int(len(data) * 0.6)]
+    (tmp_path / f"t.jsonl.{kind}").write_bytes(damaged)
+    report = run_pipeline(_config(tmp_path, [str(tmp_path / f"t.jsonl.{kind}")], exact_dedup=False))
+    assert report["stages"][0]["truncated_files"] == 1
+    kept = [r["text"] for r in _documents(tmp_path / "out")]
+    want = _recoverable_lines(kind, damaged)
+    assert 1000 < want < 12000 and len(kept) == want
+    assert kept == [f"doc {i} x{t}" for i, t in enumerate(tail[:want])]
 
 
 def test_a_rerun_of_a_finished_pipeline_does_nothing(tmp_path):

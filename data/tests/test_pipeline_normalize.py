@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import collections
+import random
 import time
 import unicodedata
 
 from meltemi.data.pipeline import normalize_text
+from meltemi.data.pipeline._normalize import digest, digests, normalize_texts
 
 
 def _norm(text, max_run=1000):
@@ -44,3 +46,23 @@ def test_absurd_runs_are_capped_in_linear_time():
     assert out == out_big == "x" + " " * 100 + "y" + "z" * 100  # a run of spaces is one run
     assert counts == {"truncated_runs": 1}
     assert t_big < 10 * t_small + 0.5  # 4x the input, not 16x the time
+
+
+def test_the_vectorised_batch_equals_normalize_text_one_by_one():
+    rng = random.Random(0)
+    pieces = ["word", "Ωμέγα", "Cafe\u0301", "\u00e9", " ", "  ", "\t", "\n", "\n\n\n", " \n",
+              "\t\n", "\r\n", "\r", "\x07", "\u200b", "\u00a0", "\u3000", "\ufeff", "x" * 40,
+              "é" * 40, " " * 40, "\n" * 40, "...", "-", "\x85"]  # fmt: skip
+    texts: list = ["".join(rng.choices(pieces, k=rng.randint(0, 60))) for _ in range(600)]
+    texts += [b"raw \xff bytes", "lone \ud800 surrogate", "", "   ", "a" * 31, "ab" * 20]
+    got, changes = normalize_texts(texts, 30)
+    for i, text in enumerate(texts):
+        counts = collections.Counter()
+        assert got[i] == normalize_text(text, 30, counts), repr(text)
+        assert changes.get(i, collections.Counter()) == counts, repr(text)
+    assert sum("truncated_runs" in c for c in changes.values()) > 50  # runs were exercised
+
+
+def test_digests_equal_the_digest_of_each_text():
+    texts = ["a  b\n c", "a b c", "a bc", "", "Ωμέγα\tλέξη", "x " * 500]
+    assert digests(texts).tolist() == [digest(t) for t in texts]

@@ -3,10 +3,14 @@ and the per-rule counts add up."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from meltemi.data.pipeline import RULES, QualityConfig, QualityError, quality_reason
-from meltemi.data.pipeline._quality import count_rules
+from meltemi.data.pipeline._quality import count_rules, quality_reasons
+from meltemi.data.pipeline._synthetic import synthetic_corpus
+from meltemi.data.testing import quality_reason_reference
 
 GOOD = "\n\n".join(
     " ".join(f"{w}{i}{p}" for i in range(12)) + "."
@@ -71,3 +75,22 @@ def test_disabled_rules_keep_everything():
 def test_invalid_thresholds_name_the_field_and_the_fix(kw, match):
     with pytest.raises(QualityError, match=match):
         QualityConfig(**kw)
+
+
+def test_the_vectorised_rules_agree_with_a_plain_python_reference():
+    recs = synthetic_corpus(400, exact=20, near=20, junk=200, seed=5)
+    rng = random.Random(0)
+    extra = []
+    for _ in range(300):  # random mixtures of the hard cases: unicode, bullets, ellipses, dups
+        parts = rng.choices(
+            ["Ωμέγα λέξη", "١٢٣ ٤٥٦", "½ ⅷ", "x_y", "- item", "• dot", "wait...", "so…",
+             "#tag", "same line", "\n", "\n\n", "  ", "\t", "12345", "word", "𝐀𝐁", "😀",
+             "....", "\u3000", "\x0b"], k=rng.randint(1, 400),
+        )  # fmt: skip
+        extra.append(" ".join(parts) or "w")  # not stripped: leading/trailing blanks too
+    texts = ["", " "] + [r["text"] for r in recs] + extra + list(CASES.values()) + ["", "é"]
+    for cfg in (QualityConfig(), QualityConfig(min_words=5, max_words=300, max_bullet_lines=0.2)):
+        got = quality_reasons(texts, cfg)
+        want = [quality_reason_reference(t, cfg) for t in texts]
+        assert got == want
+        assert len(set(want)) >= 8  # the mixture exercises most rules

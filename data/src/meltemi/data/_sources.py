@@ -68,6 +68,48 @@ def _filesystem(url: str):
         raise SourceError(f"cannot read {url!r}: {e} (through fsspec)") from None
 
 
+class _ZstdReader(io.RawIOBase):
+    """A zstd stream (one frame or several), decompressed as it is read; input that ends
+    inside a frame raises EOFError after everything decodable before it was returned (the
+    stream reader of `zstandard` returns end-of-file there, silently losing the damage)."""
+
+    def __init__(self, raw):
+        import zstandard
+
+        self._raw = raw
+        self._new = zstandard.ZstdDecompressor().decompressobj
+        self._dobj = self._new()
+        self._pending = b""
+        self._started = False  # a frame has begun and not ended
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._pending:
+            chunk = self._raw.read(1 << 16)
+            if not chunk:
+                if self._started:
+                    raise EOFError("the zstd frame is cut short (truncated file)")
+                return 0
+            while chunk:
+                self._started = True
+                self._pending += self._dobj.decompress(chunk)
+                chunk = b""
+                if self._dobj.eof:  # a frame ended: the rest is the next frame
+                    chunk = self._dobj.unused_data
+                    self._dobj = self._new()
+                    self._started = False
+        n = min(len(buffer), len(self._pending))
+        buffer[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
 def open_binary(path: str) -> io.BufferedIOBase:
     """Opens a local file or a URL as a binary stream, decompressing by the file's name.
 
@@ -82,9 +124,10 @@ def open_binary(path: str) -> io.BufferedIOBase:
         except FileNotFoundError:
             raise SourceError(f"{path!r} does not exist") from None
     try:
-        f = fsspec.open(path, "rb", compression="infer").open()
-        # zstandard's stream reader has no readline: buffer it.
-        return io.BufferedReader(f) if compression == "zstd" else f
+        if compression == "zstd":  # our reader: zstandard's own ignores a truncated frame
+            raw = fsspec.open(path, "rb").open()
+            return io.BufferedReader(_ZstdReader(raw), 1 << 16)
+        return fsspec.open(path, "rb", compression="infer").open()
     except FileNotFoundError:
         raise SourceError(f"{path!r} does not exist") from None
     except (ImportError, ValueError) as e:

@@ -15,12 +15,13 @@ import re
 import unicodedata
 from collections.abc import Iterator
 
+import numpy as np
 import xxhash
 
-from meltemi.data._clean import truncate_runs
+from meltemi.data._clean import _may_have_long_run, truncate_runs
 from meltemi.data._sources import SourceError, file_format, open_binary
 
-__all__ = ["Record", "normalize_text", "read_records"]
+__all__ = ["Record", "digests", "normalize_text", "normalize_texts", "read_records"]
 
 # C0 controls except tab and newline (carriage returns become newlines first), DEL, C1 controls,
 # and the zero-width / bidi formatting characters that make equal-looking texts differ.
@@ -81,6 +82,132 @@ def normalize_text(text: str | bytes, max_run: int, counts: collections.Counter)
     return text.strip()
 
 
+# What the vectorised path leaves to `normalize_text` (RE2 syntax): carriage returns, controls,
+# zero-width and formatting characters, Unicode spaces.
+_SLOW = (
+    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\x{200b}-\x{200d}\x{2060}\x{feff}"
+    r"\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}]"
+)
+_ASCII_SPACE = np.zeros(256, bool)
+_ASCII_SPACE[[9, 10, 32]] = True  # the only whitespace bytes the vectorised path sees
+
+
+def _string_array(texts: list[str]):
+    import pyarrow as pa
+
+    return pa.array(texts, pa.string())
+
+
+def _offsets_and_bytes(arr) -> tuple[np.ndarray, np.ndarray]:
+    """The (rebased) offsets and the UTF-8 bytes of a pyarrow string array."""
+    _, off_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(off_buf, np.int32)[arr.offset : arr.offset + len(arr) + 1]
+    data = np.frombuffer(data_buf, np.uint8)[offsets[0] : offsets[-1]] if data_buf else None
+    return (offsets - offsets[0]).astype(np.int64), data
+
+
+def _long_run_docs(arr, max_run: int) -> np.ndarray:
+    """Documents that may hold a run of one byte, or of ASCII whitespace, longer than
+    `max_run` (exactly: the caller sends them to `normalize_text`, which decides); runs of
+    a multi-byte character are checked by the caller.
+
+    As in `truncate_runs`: with stride `s = max(1, max_run // 2)` such a run covers some
+    whole window `[k s, k s + s]` of the concatenated bytes, so only the windows whose two
+    ends agree are looked at whole (few in any text).
+    """
+    offsets, data = _offsets_and_bytes(arr)
+    hit = np.zeros(len(arr), bool)
+    if data is None or not len(data):
+        return hit
+    key = np.where(_ASCII_SPACE[data], np.uint8(32), data)
+    s = max(1, max_run // 2)
+    a = np.arange(0, len(key) - s, s)
+    for start in a[key[a] == key[a + s]].tolist():
+        window = key[start : start + s + 1]
+        if window.min() == window.max():
+            hit[np.searchsorted(offsets, start, side="right") - 1] = True
+            hit[np.searchsorted(offsets, start + s, side="right") - 1] = True
+    return hit
+
+
+def normalize_texts(
+    texts: list[str | bytes], max_run: int
+) -> tuple[list[str], dict[int, collections.Counter]]:
+    """`normalize_text` of every text, vectorised: the same output, text for text.
+
+    Texts that are valid NFC without controls, Unicode spaces or long runs (most of any
+    corpus) are normalised by a few `pyarrow.compute` passes over the whole batch; the rest
+    go through `normalize_text`. Returns the texts and, by index, the counted changes of
+    those that had any.
+
+    >>> normalize_texts(["a  \\n\\n\\n\\nb ", b"c\\xff"], 1000)
+    (['a\\n\\nb', 'c\ufffd'], {1: Counter({'invalid_utf8_replaced': 1})})
+    """
+    import pyarrow.compute as pc
+
+    out: list = list(texts)
+    changes: dict[int, collections.Counter] = {}
+    fast = [
+        i
+        for i, t in enumerate(texts)
+        if isinstance(t, str) and (t.isascii() or unicodedata.is_normalized("NFC", t))
+    ]
+    try:
+        arr = _string_array([texts[i] for i in fast])
+    except UnicodeEncodeError:  # a lone surrogate somewhere: find it
+        fast = [i for i in fast if _encodable(texts[i])]
+        arr = _string_array([texts[i] for i in fast])
+    slow = np.asarray(pc.match_substring_regex(arr, _SLOW), bool) | _long_run_docs(arr, max_run)
+    for j in np.flatnonzero(~slow & ~np.asarray(pc.string_is_ascii(arr), bool)).tolist():
+        slow[j] = _may_have_long_run(texts[fast[j]], max_run)  # runs of multi-byte characters
+    done = np.asarray(fast, np.int64)[~slow]
+    arr = arr.filter(~slow)
+    arr = pc.replace_substring_regex(arr, r"[ \t]+\n", "\n")
+    arr = pc.replace_substring_regex(arr, r"\n\n\n+", "\n\n")
+    for i, text in zip(done.tolist(), pc.utf8_trim_whitespace(arr).to_pylist(), strict=True):
+        out[i] = text
+    rest = np.ones(len(texts), bool)
+    rest[done] = False
+    for i in np.flatnonzero(rest).tolist():
+        counts: collections.Counter = collections.Counter()
+        out[i] = normalize_text(texts[i], max_run, counts)
+        if counts:
+            changes[i] = counts
+    return out, changes
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def digests(texts: list[str]) -> np.ndarray:
+    """`digest` of every text (uint64), vectorised: the words are split and joined by
+    `pyarrow.compute`, then each joined text is hashed from the array's buffer.
+
+    >>> bool(digests(["a  b", "a b c"])[0] == digest("a b"))
+    True
+    """
+    import pyarrow.compute as pc
+
+    if not texts:
+        return np.zeros(0, np.uint64)
+    arr = pc.utf8_trim_whitespace(_string_array(texts))  # (split would yield "" at the ends)
+    joined = pc.binary_join(pc.utf8_split_whitespace(arr), " ")
+    offsets, data = _offsets_and_bytes(joined)
+    view = memoryview(data if data is not None else b"")
+    h = xxhash.xxh3_64_intdigest
+    bounds = offsets.tolist()
+    return np.fromiter(
+        (h(view[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)),
+        np.uint64,
+        count=len(texts),
+    )
+
+
 def digest(text: str) -> int:
     """The exact-dedup key of a normalised text: xxh3-64 of its words joined by one space
     (texts equal up to whitespace are exact duplicates).
@@ -99,6 +226,8 @@ def _record_of(obj, location: str, text_key: str) -> Record:
         return Record(location, None, None, "no_text_field")
     rid = obj.get("id")
     rid = location if rid is None else str(rid)
+    if len(obj) == 1 + ("id" in obj):  # no other fields (the common case): no JSON to write
+        return Record(rid, value, "{}", None)
     meta = {k: v for k, v in obj.items() if k not in (text_key, "id")}
     return Record(rid, value, json.dumps(meta, ensure_ascii=False, default=str), None)
 

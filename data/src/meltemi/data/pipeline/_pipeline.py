@@ -19,12 +19,14 @@ resumed run recomputes the same answer.
 from __future__ import annotations
 
 import collections
+import collections.abc
 import contextlib
 import dataclasses
 import fcntl
 import json
 import math
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -33,7 +35,6 @@ import numpy as np
 
 from meltemi import fray
 from meltemi.data._build import _plan, build_store
-from meltemi.data._parallel import InlineExecutor
 from meltemi.data._sources import Files, ParquetFiles, _file_stat, file_digest
 from meltemi.data._tokenizer import load_tokenizer
 from meltemi.data.pipeline._minhash import lsh_params, near_duplicate_drops
@@ -429,33 +430,86 @@ def _stage_report(run: _Run, stage: str) -> dict:
     return row
 
 
+class _QuarantiningExecutor:
+    """`build_store`'s executor on the pipeline's actors: a store shard that still fails after
+    the retries is remembered instead of raised, so the build returns None (incomplete) and
+    the pipeline can quarantine that shard's documents file and build the rest."""
+
+    def __init__(self, pool: TaskPool):
+        self.pool = pool
+        self.failed: dict[int, tuple[str, int]] = {}  # store shard -> (error, attempts)
+
+    def map_unordered(self, fn: Callable, items) -> collections.abc.Iterator:
+        for outcome in self.pool.run(fn, [(item.shard, item) for item in items]):
+            if outcome.error is None:
+                yield outcome.result
+            else:
+                self.failed[outcome.key] = (outcome.error, outcome.attempts)
+
+
 def _tokenize(run: _Run) -> dict | None:
+    """Builds DIR/store from `documents/`, one store shard per pipeline shard; a shard whose
+    store task crashes or times out after the retries is quarantined (ledger stage
+    `tokenize`) and the store is rebuilt from the others, so the job always finishes."""
     cfg = run.config
-    docs = [run.path("quality", s) for s in run.alive("quality")]
-    if not docs:
-        run.log("tokenize: no documents survived (every shard quarantined?); no store built")
-        return None
     tokenizer = load_tokenizer(cfg.tokenizer)
-    executor = InlineExecutor() if run.pool.cluster is None else run.pool
-    start = time.perf_counter()
     store_path = os.path.join(run.root, "store")
-    store = build_store(
-        [ParquetFiles("documents", docs)],
-        tokenizer,
-        store_path,
-        executor=executor,
-        min_shards=min(cfg.min_shards, len(docs)),
-    )
+    start = time.perf_counter()
+    while True:
+        shards = [s for s in run.alive("quality") if run.ledger.done("tokenize", s) is None]
+        if not shards:
+            run.log("tokenize: no documents survived (every shard quarantined?); no store built")
+            return None
+        executor = _QuarantiningExecutor(run.pool)
+        store = build_store(
+            [ParquetFiles("documents", [run.path("quality", s) for s in shards])],
+            tokenizer,
+            store_path,
+            executor=executor,
+            shard_bytes=1,  # one store shard per documents file: a failure names its shard
+            min_shards=1,
+        )
+        if store is not None:
+            break
+        if not executor.failed:
+            raise PipelineError(f"tokenize: the store build at {store_path} did not finish")
+        # The store holds every shard or none: rebuild it without the failed ones.
+        shutil.rmtree(store_path, ignore_errors=True)
+        for store_shard, (error, attempts) in sorted(executor.failed.items()):
+            shard = shards[store_shard]
+            run.log(f"tokenize: shard {shard} quarantined after {attempts} attempts: {error}")
+            run.ledger.add(
+                {
+                    "stage": "tokenize",
+                    "shard": shard,
+                    "output": store_path,
+                    "attempts": attempts,
+                    "quarantined": True,
+                    "error": error,
+                }
+            )
+    files = {s["id"]: s["files"] for s in run.shards}
+    quarantined = [run.ledger.done("tokenize", s["id"]) for s in run.shards]
     return {
         "stage": "tokenize",
-        "in": sum(run.ledger.done("quality", s)["kept"] for s in run.alive("quality")),
+        "in": sum(run.ledger.done("quality", s)["kept"] for s in shards),
         "kept": store.num_documents,
         "dropped": store.skipped,
         "altered": {},
         "tokens": store.num_tokens,
         "store": store_path,
         "task_seconds": round(time.perf_counter() - start, 3),
-        "quarantined": [],
+        "shards": len(shards),
+        "quarantined": [
+            {
+                "shard": e["shard"],
+                "error": e["error"],
+                "attempts": e["attempts"],
+                "files": files[e["shard"]][:5],
+            }
+            for e in quarantined
+            if e is not None
+        ],  # fmt: skip
     }
 
 

@@ -7,10 +7,15 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
-import re
+import unicodedata
 
-__all__ = ["RULES", "QualityConfig", "QualityError", "quality_reason"]
+import numpy as np
+
+from meltemi.data._clean import _IS_SPACE, _TOP
+
+__all__ = ["RULES", "QualityConfig", "QualityError", "quality_reason", "quality_reasons"]
 
 RULES = (
     "too_few_words",
@@ -24,14 +29,72 @@ RULES = (
     "duplicate_paragraphs",
 )
 
-_SYMBOLS = re.compile(r"#|\.\.\.|\u2026")
-# Words (maximal runs of non-space characters) without an ASCII letter; those holding a
-# non-ASCII letter are then told apart by _ALPHA.
-_NO_ASCII_LETTER_WORD = re.compile(r"(?<!\S)[^\sA-Za-z]+(?!\S)")
-_ALPHA = re.compile(r"[^\W\d_]")
-# Lines ending in an ellipsis / starting with a bullet (normalised text: no trailing spaces).
-_ELLIPSIS_LINE = re.compile(r"(?:\.\.\.|\u2026)[ \t]*$", re.MULTILINE)
-_BULLET_LINE = re.compile(r"^[ \t]*(?:\u2022|- |\* )", re.MULTILINE)
+# RE2 patterns (pyarrow.compute), matched against each line of a batch.
+_ELLIPSIS_LINE = r"(?:\.\.\.|\x{2026})[ \t]*$"
+_BULLET_LINE = r"^[ \t]*(?:\x{2022}|- |\* )"
+
+
+@functools.lru_cache(maxsize=1)
+def _letters() -> np.ndarray:
+    """Whether each code point of the BMP is a letter as Python's `[^\\W\\d_]` sees it:
+    Unicode letters and the non-decimal numerics (Nl, No)."""
+    cats = [unicodedata.category(chr(c)) for c in range(0x10000)]
+    return np.asarray([c[0] == "L" or c in ("Nl", "No") for c in cats], bool)
+
+
+def _code_points(arr) -> tuple[np.ndarray, np.ndarray]:
+    """(code points, index of each document's first one) of a pyarrow string array: its
+    UTF-8 buffer decoded in numpy (ASCII, the common case, is its own code points)."""
+    _, off_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(off_buf, np.int32)[arr.offset : arr.offset + len(arr) + 1]
+    offsets = offsets.astype(np.int64)
+    if data_buf is None or offsets[-1] == offsets[0]:
+        return np.zeros(0, np.uint8), np.zeros(len(arr) + 1, np.int64)
+    data = np.frombuffer(data_buf, np.uint8)[offsets[0] : offsets[-1]]
+    offsets -= offsets[0]
+    if int(data.max()) < 0x80:
+        return data, offsets
+    at = np.flatnonzero((data & 0xC0) != 0x80)  # the first byte of each character
+    b = np.concatenate([data, np.zeros(3, np.uint8)]).astype(np.uint32)
+    lead = b[at]
+    cp = lead.copy()
+    for size, low, high in ((2, 0xC0, 0xE0), (3, 0xE0, 0xF0), (4, 0xF0, 0x100)):
+        sel = np.flatnonzero((lead >= low) & (lead < high))
+        value = lead[sel] & (0x7F >> size)
+        for k in range(1, size):
+            value = (value << 6) | (b[at[sel] + k] & 0x3F)
+        cp[sel] = value
+    return cp, np.searchsorted(at, offsets)
+
+
+def _word_stats(arr, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per document: words (as str.split() finds them), their characters, and the words
+    holding a letter; a few numpy passes over the code points of the whole batch."""
+    cp, starts = _code_points(arr)
+    if not len(cp):
+        return np.zeros(n), np.zeros(n), np.zeros(n)
+    if cp.dtype == np.uint8:
+        space, letter = _IS_SPACE[cp], _letters()[cp]
+    else:
+        space = _IS_SPACE[np.minimum(cp, _TOP)]
+        letter = _letters()[np.minimum(cp, 0xFFFF)]
+        for i in np.flatnonzero(cp > 0xFFFF).tolist():  # rare: outside the BMP
+            c = unicodedata.category(chr(int(cp[i])))
+            letter[i] = c[0] == "L" or c in ("Nl", "No")
+    boundary = np.concatenate([[True], space[:-1]])
+    firsts = starts[:-1]
+    boundary[firsts[firsts < len(cp)]] = True  # a document's first character starts a word
+    word_at = np.flatnonzero(~space & boundary)
+    word_doc = np.searchsorted(starts, word_at, side="right") - 1
+    # A word's characters run to the next word's start (spaces between are not letters).
+    lettered = np.logical_or.reduceat(letter, word_at) if len(word_at) else np.zeros(0, bool)
+    spaces = np.bincount(np.searchsorted(starts, np.flatnonzero(space), side="right") - 1,
+                         minlength=n)[:n]  # fmt: skip
+    return (
+        np.bincount(word_doc, minlength=n)[:n].astype(np.float64),
+        (np.diff(starts) - spaces).astype(np.float64),
+        np.bincount(word_doc[lettered], minlength=n)[:n].astype(np.float64),
+    )
 
 
 _FRACTIONS = {
@@ -97,49 +160,99 @@ class QualityConfig:
             )
 
 
-def _duplicate_fraction(items: list[str]) -> float:
-    if not items:
-        return 0.0
-    return 1.0 - len(set(items)) / len(items)
+def _per_doc(parents: np.ndarray, values: np.ndarray | None, n: int) -> np.ndarray:
+    """Sums `values` (or counts items) per document, given each item's document index."""
+    return np.bincount(parents, weights=values, minlength=n)[:n]
+
+
+def _items(texts, pattern: str):
+    """The non-blank pieces of each text split on `pattern`, and each piece's document."""
+    import pyarrow.compute as pc
+
+    pieces = pc.split_pattern(texts, pattern)
+    parents = np.asarray(pc.list_parent_indices(pieces))
+    flat = pc.list_flatten(pieces)
+    keep = np.asarray(pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(flat)), 0))
+    return flat.filter(keep), parents[keep]
+
+
+def _duplicate_fraction(flat, parents: np.ndarray, n: int) -> np.ndarray:
+    """Per document, the fraction of its items that repeat an earlier item of it."""
+    import pyarrow.compute as pc
+
+    total = _per_doc(parents, None, n)
+    if not len(parents):
+        return np.zeros(n)
+    codes = np.asarray(pc.dictionary_encode(flat).indices, np.int64)
+    keys = np.unique(parents.astype(np.int64) * (int(codes.max()) + 1) + codes)
+    unique = _per_doc(keys // (int(codes.max()) + 1), None, n)
+    return np.divide(total - unique, total, out=np.zeros(n), where=total > 0)
+
+
+def quality_reasons(texts, config: QualityConfig) -> list[str | None]:
+    """For each text, the first rule (of `RULES`) it fails, or None when it passes them all.
+
+    Vectorised over the whole batch (pyarrow.compute and numpy, no Python per document or
+    word); `texts` is a list of str or a pyarrow string array. Words are split on Unicode
+    whitespace, lines on '\\n', paragraphs on blank lines ('\\n\\n'); blank lines and
+    paragraphs do not count.
+
+    >>> quality_reasons(["too short", "word " * 60], QualityConfig(max_duplicate_lines=1.0))
+    ['too_few_words', None]
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(texts)
+    if not config.enabled or n == 0:
+        return [None] * n
+    arr = texts if isinstance(texts, pa.Array | pa.ChunkedArray) else pa.array(texts, pa.string())
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    n_words, chars, lettered = _word_stats(arr, n)
+    safe = np.maximum(n_words, 1)
+    symbols = sum(
+        np.asarray(pc.count_substring(arr, sym), np.float64) for sym in ("#", "...", "\u2026")
+    )
+    lines, line_parents = _items(arr, "\n")
+    n_lines = np.maximum(_per_doc(line_parents, None, n), 1)
+    ellipsis = _per_doc(line_parents, np.asarray(pc.match_substring_regex(lines, _ELLIPSIS_LINE),
+                                                 np.float64), n)  # fmt: skip
+    bullets = _per_doc(line_parents, np.asarray(pc.match_substring_regex(lines, _BULLET_LINE),
+                                                np.float64), n)  # fmt: skip
+    no_letter = n_words - lettered
+    paragraphs, paragraph_parents = _items(arr, "\n\n")
+    mean = chars / safe
+    fails = {
+        "too_few_words": n_words < config.min_words,
+        "too_many_words": n_words > config.max_words,
+        "mean_word_length": (mean < config.min_mean_word_length)
+        | (mean > config.max_mean_word_length),
+        "symbol_to_word_ratio": symbols / safe > config.max_symbol_to_word_ratio,
+        "ellipsis_lines": ellipsis / n_lines > config.max_ellipsis_lines,
+        "bullet_lines": bullets / n_lines > config.max_bullet_lines,
+        "alphabetic_words": 1 - no_letter / safe < config.min_alphabetic_words,
+        "duplicate_lines": _duplicate_fraction(lines, line_parents, n) > config.max_duplicate_lines,
+        "duplicate_paragraphs": _duplicate_fraction(paragraphs, paragraph_parents, n)
+        > config.max_duplicate_paragraphs,
+    }
+    reason = np.full(n, len(RULES))
+    for i, rule in reversed(list(enumerate(RULES))):
+        reason[fails[rule]] = i
+    names = [*RULES, None]
+    return [names[r] for r in reason.tolist()]
 
 
 def quality_reason(text: str, config: QualityConfig) -> str | None:
-    """The first rule (of `RULES`) that `text` fails, or None when it passes them all.
+    """The first rule (of `RULES`) that `text` fails, or None (`quality_reasons` of one).
 
     >>> quality_reason("word " * 60, QualityConfig(max_duplicate_lines=1.0))
     >>> quality_reason("too short", QualityConfig())
     'too_few_words'
     """
-    if not config.enabled:
-        return None
-    words = text.split()
-    n = len(words)
-    if n < config.min_words:
-        return "too_few_words"
-    if n > config.max_words:
-        return "too_many_words"
-    mean = len("".join(words)) / n
-    if not config.min_mean_word_length <= mean <= config.max_mean_word_length:
-        return "mean_word_length"
-    if len(_SYMBOLS.findall(text)) / n > config.max_symbol_to_word_ratio:
-        return "symbol_to_word_ratio"
-    lines = [line for line in text.split("\n") if line.strip()]
-    if lines:
-        if len(_ELLIPSIS_LINE.findall(text)) / len(lines) > config.max_ellipsis_lines:
-            return "ellipsis_lines"
-        if len(_BULLET_LINE.findall(text)) / len(lines) > config.max_bullet_lines:
-            return "bullet_lines"
-    no_letter = sum(1 for w in _NO_ASCII_LETTER_WORD.findall(text) if not _ALPHA.search(w))
-    if 1 - no_letter / n < config.min_alphabetic_words:
-        return "alphabetic_words"
-    if _duplicate_fraction(lines) > config.max_duplicate_lines:
-        return "duplicate_lines"
-    paragraphs = [p for p in text.split("\n\n") if p.strip()]
-    if _duplicate_fraction(paragraphs) > config.max_duplicate_paragraphs:
-        return "duplicate_paragraphs"
-    return None
+    return quality_reasons([text], config)[0]
 
 
 def count_rules(texts: list[str], config: QualityConfig) -> collections.Counter:
     """Documents dropped per rule (first failing rule) among `texts`."""
-    return collections.Counter(r for t in texts if (r := quality_reason(t, config)) is not None)
+    return collections.Counter(r for r in quality_reasons(texts, config) if r is not None)

@@ -17,8 +17,8 @@ import numpy as np
 
 from meltemi.data._sources import SourceError, _file_stat
 from meltemi.data.pipeline._minhash import minhash_signatures
-from meltemi.data.pipeline._normalize import digest, normalize_text, note, read_records
-from meltemi.data.pipeline._quality import QualityConfig, quality_reason
+from meltemi.data.pipeline._normalize import digests, normalize_texts, note, read_records
+from meltemi.data.pipeline._quality import QualityConfig, quality_reasons
 
 __all__ = ["ShardTask", "filter_shard", "minhash_shard", "normalize_shard", "quality_shard"]
 
@@ -75,6 +75,16 @@ def write_table(output: str, columns: dict, with_digest: bool = True) -> None:
     _write_atomic(output, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
 
 
+def write_arrow(output: str, table) -> None:
+    _, pq = _pq()
+    _write_atomic(output, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+
+
+def read_arrow(path: str, columns: list[str] | None = None):
+    _, pq = _pq()
+    return pq.ParquetFile(path).read(columns=columns)  # (read_table imports pyarrow.dataset)
+
+
 def read_table(path: str, columns: list[str] | None = None) -> dict:
     _, pq = _pq()
     table = pq.ParquetFile(path).read(columns=columns)  # (read_table imports pyarrow.dataset)
@@ -95,17 +105,20 @@ def _entry(n_in: int, kept: int, dropped, start: float, **extra) -> dict:
 
 
 def normalize_shard(task: ShardTask) -> dict:
-    """Reads the shard's input files, normalises every record, writes the kept ones."""
+    """Reads the shard's input files, normalises every record, writes the kept ones.
+
+    Records are read one by one (each bad one is counted), then normalised and hashed as
+    one batch (`normalize_texts`, `digests`)."""
     start = time.perf_counter()
     dropped: collections.Counter = collections.Counter()
     altered: collections.Counter = collections.Counter()
     damaged: collections.Counter = collections.Counter()  # files: truncated_file
     examples: dict[str, list[str]] = {}
-    cols: dict[str, list] = {"id": [], "text": [], "meta": [], "digest": []}
+    ids: list[str] = []
+    raw: list = []
+    metas: list[str] = []
     seen = 0
     input_bytes = 0
-    max_run = task.options["max_run"]
-    max_chars = task.options["max_document_chars"]
     for path in task.inputs:
         for record in read_records(path, task.options["text_key"], damaged, examples):
             seen += 1
@@ -113,30 +126,36 @@ def normalize_shard(task: ShardTask) -> dict:
                 dropped[record.reason] += 1
                 note(examples, record.reason, record.id)
                 continue
-            changes: collections.Counter = collections.Counter()
-            text = normalize_text(record.text, max_run, changes)
-            if len(text) > max_chars:
-                changes["truncated_long"] += 1
-                text = text[:max_chars]
-            for reason in changes:
-                note(examples, reason, record.id)
-            altered.update(changes)
-            if not text:
-                dropped["empty"] += 1
-                note(examples, "empty", record.id)
-                continue
-            cols["id"].append(record.id)
-            cols["text"].append(text)
-            cols["meta"].append(record.meta)
-            cols["digest"].append(digest(text))
+            ids.append(record.id)
+            raw.append(record.text)
+            metas.append(record.meta)
         try:
             input_bytes += _file_stat(path)[0]
         except OSError:
             pass
+    texts, changes = normalize_texts(raw, task.options["max_run"])
+    del raw
+    max_chars = task.options["max_document_chars"]
+    for i, text in enumerate(texts):
+        if len(text) > max_chars:
+            changes.setdefault(i, collections.Counter())["truncated_long"] += 1
+            texts[i] = text[:max_chars]
+    for i, counts in sorted(changes.items()):
+        for reason in counts:
+            note(examples, reason, ids[i])
+        altered.update(counts)
+    keep = [i for i, text in enumerate(texts) if text]
+    for i in range(len(texts)):
+        if not texts[i]:
+            dropped["empty"] += 1
+            note(examples, "empty", ids[i])
+    if len(keep) < len(texts):
+        ids, texts, metas = ([x[i] for i in keep] for x in (ids, texts, metas))
+    cols = {"id": ids, "text": texts, "meta": metas, "digest": digests(texts)}
     write_table(task.output, cols)
     return _entry(
         seen,
-        len(cols["id"]),
+        len(ids),
         dropped,
         start,
         altered=dict(altered),
@@ -149,17 +168,15 @@ def normalize_shard(task: ShardTask) -> dict:
 def filter_shard(task: ShardTask) -> dict:
     """Drops the rows `task.drop` (exact or fuzzy duplicates) from the shard's file."""
     start = time.perf_counter()
-    cols = read_table(task.inputs[0])
-    n = len(cols["id"])
+    table = read_arrow(task.inputs[0])
+    n = table.num_rows
     keep = np.ones(n, bool)
     if task.drop is not None and len(task.drop):
         keep[task.drop] = False
-    idx = np.flatnonzero(keep).tolist()
-    out = {k: [v[i] for i in idx] for k, v in cols.items() if k != "digest"}
-    out["digest"] = cols["digest"][keep]
-    write_table(task.output, out)
-    dropped = {task.reason: n - len(idx)} if n - len(idx) else {}
-    return _entry(n, len(idx), dropped, start)
+    kept = int(keep.sum())
+    write_arrow(task.output, table.filter(keep) if kept < n else table)
+    dropped = {task.reason: n - kept} if n - kept else {}
+    return _entry(n, kept, dropped, start)
 
 
 def minhash_shard(task: ShardTask) -> dict:
@@ -183,19 +200,18 @@ def minhash_shard(task: ShardTask) -> dict:
 
 
 def quality_shard(task: ShardTask) -> dict:
-    """Applies the quality rules; writes the survivors to `documents/`."""
+    """Applies the quality rules (vectorised over the shard); writes the survivors to
+    `documents/`."""
     start = time.perf_counter()
-    cols = read_table(task.inputs[0])
-    dropped: collections.Counter = collections.Counter()
+    table = read_arrow(task.inputs[0])
+    reasons = quality_reasons(table.column("text"), task.quality)
+    keep = np.asarray([r is None for r in reasons], bool)
+    dropped = collections.Counter(r for r in reasons if r is not None)
     examples: dict[str, list[str]] = {}
-    keep = []
-    for i, text in enumerate(cols["text"]):
-        reason = quality_reason(text, task.quality)
-        if reason is None:
-            keep.append(i)
-        else:
-            dropped[reason] += 1
-            note(examples, reason, cols["id"][i])
-    out = {k: [cols[k][i] for i in keep] for k in ("id", "text", "meta")}
-    write_table(task.output, out, with_digest=False)
-    return _entry(len(cols["id"]), len(keep), dropped, start, examples=examples)
+    if len(dropped):
+        ids = table.column("id").to_pylist()
+        for i in np.flatnonzero(~keep).tolist():
+            note(examples, reasons[i], ids[i])
+    out = table.select(["id", "text", "meta"])
+    write_arrow(task.output, out.filter(keep) if len(dropped) else out)
+    return _entry(table.num_rows, int(keep.sum()), dropped, start, examples=examples)
