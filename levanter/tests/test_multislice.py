@@ -83,7 +83,7 @@ def test_killed_slice_restarts_the_gang_and_sigterm_stops_it(tmp_path, reference
         if attempt == 0:  # a slice process dies: the gang restarts and resumes
 
             def kill(step):
-                pid = next(a.pid for a in cluster.actors() if a.name == "slice/1")
+                pid = next(a.pid for a in cluster.actors() if a.name == "slice-1")
                 os.kill(pid, signal.SIGKILL)
                 events.append(("killed", step))
 

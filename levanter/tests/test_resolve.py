@@ -191,9 +191,20 @@ def test_an_inert_optimizer_key_names_the_key_and_the_setting(overrides, message
         _resolve(*overrides)
 
 
-def test_an_object_storage_run_dir_is_refused_not_made_a_local_directory():
-    with pytest.raises(ConfigError, match=r"run_dir='gs://bucket/run': object storage is not"):
+def test_a_gs_run_dir_without_gcsfs_names_the_package_not_a_local_directory(monkeypatch):
+    import fsspec
+
+    def missing(protocol):
+        raise ImportError("Please install gcsfs to access Google Storage")
+
+    monkeypatch.setattr(fsspec, "get_filesystem_class", missing)
+    with pytest.raises(ConfigError, match=r"run_dir='gs://bucket/run': gs:// needs the gcsfs"):
         _resolve(("run_dir", "gs://bucket/run"))
+
+
+def test_an_s3_run_dir_is_refused_naming_why():
+    with pytest.raises(ConfigError, match=r"run_dir='s3://bucket/run': only gs:// object"):
+        _resolve(("run_dir", "s3://bucket/run"))
 
 
 def test_train_files_matching_nothing_name_the_key_before_any_store(tmp_path):

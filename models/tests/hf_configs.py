@@ -211,5 +211,59 @@ def reference_config(preset: str) -> tf.PretrainedConfig:
             **_tiny(rms_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True),
             architectures=["GemmaForCausalLM"],
         ),
+        # -- qwen2 / olmo2 (helper "families") ----------------------------------------------
+        "tiny-qwen2": lambda: tf.Qwen2Config(
+            **_tiny(rms_norm_eps=1e-6, num_key_value_heads=1),
+            use_sliding_window=False,
+            sliding_window=None,
+            max_window_layers=3,
+            architectures=["Qwen2ForCausalLM"],
+        ),
+        "tiny-olmo2": lambda: tf.Olmo2Config(
+            **_tiny(num_key_value_heads=1),
+            attention_bias=False,
+            architectures=["Olmo2ForCausalLM"],
+        ),
+        # -- mistral / gemma2 / gemma3_text (helper "attn") --------------------------------
+        "tiny-mistral": lambda: tf.MistralConfig(
+            **_tiny(rms_norm_eps=1e-6, num_key_value_heads=1),
+            sliding_window=5,
+            architectures=["MistralForCausalLM"],
+        ),
+        "tiny-gemma2": lambda: tf.Gemma2Config(
+            **_gemma_tiny(),
+            sliding_window=5,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            attn_logit_softcapping=3.0,
+            final_logit_softcapping=4.0,
+            query_pre_attn_scalar=7,
+            architectures=["Gemma2ForCausalLM"],
+        ),
+        "tiny-gemma3": lambda: tf.Gemma3TextConfig(
+            **_gemma_tiny(
+                num_hidden_layers=6,
+                num_key_value_heads=1,
+                rope_parameters={
+                    "full_attention": {
+                        "rope_type": "linear",
+                        "rope_theta": 1_000_000.0,
+                        "factor": 2.0,
+                    },
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                },
+            ),
+            sliding_window=5,
+            query_pre_attn_scalar=12,
+            final_logit_softcapping=None,
+            attn_logit_softcapping=None,
+            architectures=["Gemma3ForCausalLM"],
+        ),
     }
     return builders[preset]()
+
+
+def _gemma_tiny(**overrides):
+    # Gemma 2/3 name the activation `hidden_activation` (a `hidden_act` key would be extra).
+    d = _tiny(rms_norm_eps=1e-6, tie_word_embeddings=True, **overrides)
+    del d["hidden_act"]
+    return d | {"hidden_activation": "gelu_pytorch_tanh"}

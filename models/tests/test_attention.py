@@ -24,7 +24,7 @@ def _loss(model):
 
 def test_blockwise_attention_gives_the_whole_attention_logits():
     model, blocked = _model(None), _model(5)  # 3 blocks of 5 queries
-    assert blocked.blocks.stacked.query_block == 5
+    assert blocked.blocks.stacked.attn_options.query_block == 5
     want = np.asarray(jax.jit(lambda m: m(TOKENS, segment_ids=SEGMENTS).array)(model))
     got = np.asarray(jax.jit(lambda m: m(TOKENS, segment_ids=SEGMENTS).array)(blocked))
     np.testing.assert_allclose(got, want, atol=1e-5)

@@ -125,8 +125,8 @@ def test_hf_config_rejects_unknown_model_type():
 
 def test_hf_config_rejects_unsupported_rope_type():
     d = to_hf_config(get_preset("tiny-llama"))
-    d["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 1.0, "factor": 2.0}
-    with pytest.raises(HfConfigError, match="rope type 'yarn' is not supported"):
+    d["rope_parameters"] = {"rope_type": "proportional", "rope_theta": 1.0, "factor": 2.0}
+    with pytest.raises(HfConfigError, match="rope_type='proportional' is not supported"):
         from_hf_config(d)
 
 

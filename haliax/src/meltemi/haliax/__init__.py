@@ -54,7 +54,6 @@ from meltemi.haliax._core import (
     flatten_axes,
     is_named_array,
     named,
-    rearrange,
     rename,
     selects_axis,
     split,
@@ -62,6 +61,7 @@ from meltemi.haliax._core import (
     without_axes,
 )
 from meltemi.haliax._dot import dot, einsum
+from meltemi.haliax._einops import rearrange, repeat, tile, unflatten
 from meltemi.haliax._fft import *  # noqa: F403 - fft, ifft, rfft, ... (see _fft.__all__)
 from meltemi.haliax._fft import __all__ as _fft_all
 from meltemi.haliax._field import field
@@ -153,6 +153,9 @@ __all__ = [
     "quantization",
     "random",
     "rearrange",
+    "repeat",
+    "tile",
+    "unflatten",
     "rename",
     "replace_axis",
     "resolve_axis",

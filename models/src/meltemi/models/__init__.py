@@ -6,7 +6,7 @@
 ('llama', 3)
 """
 
-from meltemi.models import hf
+from meltemi.models import hf, lora
 from meltemi.models._axes import AXIS_NAMES
 from meltemi.models._config import (
     ACTIVATIONS,
@@ -25,6 +25,7 @@ from meltemi.models._moe import MoeMlp
 from meltemi.models._presets import get_preset, list_presets
 from meltemi.models._safetensors import SafetensorsError
 from meltemi.models._sampling import SamplingConfig
+from meltemi.models._storage import StorageError
 from meltemi.models._transformer import Block, Transformer, init
 
 __version__ = "0.1.0"
@@ -38,6 +39,7 @@ __all__ = [
     "Transformer",
     "generate",
     "hf",
+    "lora",
     "init",
     "ACTIVATIONS",
     "FAMILIES",
@@ -48,6 +50,7 @@ __all__ = [
     "MoeConfig",
     "RopeConfig",
     "SafetensorsError",
+    "StorageError",
     "__version__",
     "flops_per_token",
     "from_hf_config",

@@ -12,12 +12,40 @@ import difflib
 import math
 from typing import Any, Literal
 
-FAMILIES = ("llama", "qwen3", "mixtral", "qwen3_moe", "gpt2", "gemma")
-Family = Literal["llama", "qwen3", "mixtral", "qwen3_moe", "gpt2", "gemma"]
+FAMILIES = (
+    "llama",
+    "qwen3",
+    "mixtral",
+    "qwen3_moe",
+    "gpt2",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "mistral",
+    "qwen2",
+    "olmo2",
+)
+Family = Literal[
+    "llama",
+    "qwen3",
+    "mixtral",
+    "qwen3_moe",
+    "gpt2",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "mistral",
+    "qwen2",
+    "olmo2",
+]
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")
 REMAT_POLICIES = ("none", "save_carries", "full", "offload")
 MOE_DISPATCH = ("dropless", "capacity")
 LOAD_BALANCING_SCOPES = ("all_layers", "per_layer")
+ATTENTION_BACKENDS = ("auto", "xla", "dot_product_attention", "splash")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+# Every n-th layer is global, the others slide (Hugging Face's default `layer_types`).
+_SLIDING_PATTERNS = {"gemma2": 2, "gemma3_text": 6}
 
 
 class ConfigError(ValueError):
@@ -51,19 +79,40 @@ def _replace(obj: Any, **changes: Any) -> Any:
     return dataclasses.replace(obj, **changes)
 
 
+ROPE_SCALINGS = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
+
+
 @dataclasses.dataclass(frozen=True)
 class RopeConfig:
-    """Rotary position embedding, optionally with Llama 3 frequency scaling.
+    """Rotary position embedding and its scaling (Hugging Face's `rope_parameters`).
+
+    The formulas are `transformers`' (`modeling_rope_utils.py`); see `meltemi.models._rope`.
 
     Attributes:
-        theta: base period of the rotation frequencies.
-        llama3_factor: Llama 3 scaling factor; `None` means plain RoPE.
+        theta: base period of the rotation frequencies (`rope_theta`).
+        scaling: `default`, `linear`, `dynamic`, `yarn`, `llama3` or `longrope` (`rope_type`).
+            Setting `llama3_factor` implies `llama3`.
+        llama3_factor: Llama 3 scaling factor; required by (and only used by) `llama3`.
         low_freq_factor: Llama 3 `low_freq_factor`.
         high_freq_factor: Llama 3 `high_freq_factor`.
-        original_max_position: Llama 3 `original_max_position_embeddings`.
+        original_max_position: the pretraining context (`original_max_position_embeddings`)
+            of `llama3`, `yarn`, `longrope`; for `dynamic`, the length past which the base
+            grows (Hugging Face's `max_position_embeddings`).
+        factor: the scaling factor of `linear`, `dynamic`, `yarn` and `longrope`.
+        partial_rotary_factor: fraction of each head that is rotated (the rest passes).
+        beta_fast: YaRN's extrapolation boundary (`beta_fast`).
+        beta_slow: YaRN's interpolation boundary (`beta_slow`).
+        mscale: YaRN `mscale` (with `mscale_all_dim`, sets the default attention factor).
+        mscale_all_dim: YaRN `mscale_all_dim`.
+        attention_factor: cos/sin scale of `yarn` / `longrope`; `None`: their default.
+        truncate: YaRN rounds its correction range to whole dimensions (`truncate`).
+        short_factor: LongRoPE per-frequency factors up to `original_max_position`.
+        long_factor: LongRoPE per-frequency factors beyond it.
 
     >>> RopeConfig(theta=500_000.0, llama3_factor=8.0).is_llama3
     True
+    >>> RopeConfig(scaling="yarn", factor=4.0, original_max_position=32).scaling
+    'yarn'
     """
 
     theta: float = 10_000.0
@@ -71,10 +120,47 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+    scaling: str = "default"
+    factor: float = 1.0
+    partial_rotary_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
+    truncate: bool = True
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.theta > 0:
             _fail("RopeConfig", "theta", self.theta, "must be > 0", "RopeConfig(theta=10000.0)")
+        if self.llama3_factor is not None and self.scaling == "default":
+            object.__setattr__(self, "scaling", "llama3")
+        if self.scaling not in ROPE_SCALINGS:
+            close = difflib.get_close_matches(str(self.scaling), ROPE_SCALINGS, n=1)
+            fix = f'scaling="{close[0]}"' if close else f"one of {ROPE_SCALINGS}"
+            _fail("RopeConfig", "scaling", self.scaling, "unknown rope scaling", fix)
+        for name in ("short_factor", "long_factor"):
+            value = getattr(self, name)
+            if isinstance(value, list):  # from JSON
+                object.__setattr__(self, name, tuple(float(v) for v in value))
+        if self.scaling == "llama3" and self.llama3_factor is None:
+            _fail(
+                "RopeConfig",
+                "llama3_factor",
+                None,
+                'scaling="llama3" needs its factor',
+                "RopeConfig(llama3_factor=8.0)",
+            )
+        if self.scaling != "llama3" and self.llama3_factor is not None:
+            _fail(
+                "RopeConfig",
+                "llama3_factor",
+                self.llama3_factor,
+                f"only used by scaling='llama3', not {self.scaling!r}",
+                "llama3_factor=None, or factor=... for the other scalings",
+            )
         if self.llama3_factor is not None and not self.llama3_factor >= 1:
             _fail(
                 "RopeConfig",
@@ -91,6 +177,38 @@ class RopeConfig:
                 f"must exceed low_freq_factor={self.low_freq_factor}",
                 "RopeConfig(low_freq_factor=1.0, high_freq_factor=4.0)",
             )
+        if self.scaling in ("linear", "dynamic", "yarn") and not self.factor >= 1:
+            _fail(
+                "RopeConfig",
+                "factor",
+                self.factor,
+                f"scaling={self.scaling!r} needs a factor >= 1",
+                f'RopeConfig(scaling="{self.scaling}", factor=4.0)',
+            )
+        if not 0 < self.partial_rotary_factor <= 1:
+            _fail(
+                "RopeConfig",
+                "partial_rotary_factor",
+                self.partial_rotary_factor,
+                "must be in (0, 1]",
+                "partial_rotary_factor=1.0 (rotate whole heads)",
+            )
+        if not (isinstance(self.original_max_position, int) and self.original_max_position > 0):
+            _fail(
+                "RopeConfig",
+                "original_max_position",
+                self.original_max_position,
+                "must be a positive int",
+                "original_max_position=8192",
+            )
+        if self.scaling == "longrope" and (self.short_factor is None or self.long_factor is None):
+            _fail(
+                "RopeConfig",
+                "short_factor" if self.short_factor is None else "long_factor",
+                None,
+                "scaling='longrope' needs short_factor and long_factor (one per frequency)",
+                "RopeConfig(scaling='longrope', short_factor=(1.0, ...), long_factor=(2.0, ...))",
+            )
 
     @property
     def is_llama3(self) -> bool:
@@ -101,6 +219,19 @@ class RopeConfig:
 
 
 LLAMA3_ROPE = RopeConfig(theta=500_000.0, llama3_factor=8.0)
+
+
+def sliding_layer_types(num_layers: int, pattern: int) -> tuple[str, ...]:
+    """Hugging Face's default `layer_types`: every `pattern`-th layer is global, the others
+    slide (Gemma 2: `pattern=2`, Gemma 3: `pattern=6`, i.e. 5 local : 1 global).
+
+    >>> sliding_layer_types(4, 2)
+    ('sliding_attention', 'full_attention', 'sliding_attention', 'full_attention')
+    """
+    return tuple(
+        "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+        for i in range(num_layers)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,6 +332,9 @@ class ModelConfig:
     | qwen3_moe | RMS | RoPE | MoE of SwiGLU experts | GQA + QK-norm |
     | gpt2 | LayerNorm | learned | GELU, biases | fused qkv in HF files |
     | gemma | RMS with (1 + w) | RoPE | GeGLU | embeddings scaled by sqrt(hidden) |
+    | gemma2 | RMS (1 + w), pre + post | RoPE | GeGLU | local/global layers, soft caps |
+    | gemma3_text | RMS (1 + w), pre + post | RoPE, local theta | GeGLU | 5 local : 1 global, QK |
+    | mistral | RMS | RoPE | SwiGLU | sliding-window attention |
 
     Attributes:
         family: one of `FAMILIES`.
@@ -216,7 +350,8 @@ class ModelConfig:
         norm_eps: epsilon of every norm.
         rope: rotary settings (ignored by gpt2).
         tie_embeddings: share the input embedding with the output projection.
-        qk_norm: RMS-normalise each head's queries and keys before RoPE (Qwen3).
+        qk_norm: RMS-normalise queries and keys before RoPE: each head's (Qwen3, Gemma 3) or
+            the whole projection, all heads at once (OLMo 2).
         moe: expert settings for the MoE families, `None` for dense ones.
         remat: rematerialisation of the scanned blocks (a `hax.ScanCheckpointPolicy` kind):
             `none` (keep everything), `save_carries` (keep each block's input, recompute its
@@ -233,9 +368,25 @@ class ModelConfig:
             the full `(batch, position, vocab)` float32 logits; used when `vocab_size` exceeds
             it (so by default for vocabularies above 8,192). `None` always builds the full
             logits. Exact either way (same loss and gradients to float32 rounding).
+        attention_backend: the attention kernel: `"xla"` (plain XLA, with query blocks),
+            `"dot_product_attention"` (`jax.nn.dot_product_attention`; cuDNN flash attention on
+            GPU), `"splash"` (the Pallas TPU splash kernel; TPU only) or `"auto"` (splash on
+            TPU, cuDNN on GPU, xla on CPU). See `meltemi.models._attention`.
+        sliding_window: a query attends to the keys less than this many positions before
+            it (itself included), as Hugging Face's `sliding_window`; `None`: no window.
+        layer_types: per layer, `"sliding_attention"` (uses `sliding_window`) or
+            `"full_attention"`; `None`: the family's pattern (Gemma 2: every 2nd layer is
+            global; Gemma 3: every 6th), else every layer slides when `sliding_window` is set.
+        attn_logit_softcap: attention logits become `cap * tanh(logits / cap)` (Gemma 2).
+        final_logit_softcap: output logits become `cap * tanh(logits / cap)` (Gemma 2).
+        query_pre_attn_scalar: attention logits are scaled by `query_pre_attn_scalar**-0.5`
+            instead of `head_size**-0.5` (Gemma 2/3); `None`: the head size.
+        rope_local_theta: RoPE base of the sliding-window layers (Gemma 3's
+            `rope_local_base_freq`); `None`: every layer uses `rope.theta`.
         initializer_range: std of the normal initialiser of weight matrices.
         bos_token_id: kept for HF `config.json` round trips.
-        eos_token_id: kept for HF `config.json` round trips; generation stops on it by default.
+        eos_token_id: one id or a tuple of ids (Hugging Face allows a list); kept for
+            `config.json` / `generation_config.json` round trips; generation stops on any.
 
     >>> cfg = ModelConfig(family="llama", vocab_size=11, hidden_dim=12, intermediate_dim=20,
     ...                   num_layers=2, num_heads=3, num_kv_heads=1)
@@ -262,9 +413,16 @@ class ModelConfig:
     scan_layers: bool = True
     attention_query_block: int | None = 512
     loss_vocab_block: int | None = 8192
+    attention_backend: str = "auto"
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] | None = None
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    query_pre_attn_scalar: float | None = None
+    rope_local_theta: float | None = None
     initializer_range: float = 0.02
     bos_token_id: int | None = None
-    eos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -352,7 +510,8 @@ class ModelConfig:
                 f"family {self.family!r} is dense",
                 'moe=None, or family="mixtral"/"qwen3_moe"',
             )
-        if self.qk_norm and self.family not in ("qwen3", "qwen3_moe"):
+        self._check_eos_and_rope()
+        if self.qk_norm and self.family not in ("qwen3", "qwen3_moe", "gemma3_text", "olmo2"):
             _fail(
                 "ModelConfig",
                 "qk_norm",
@@ -360,7 +519,8 @@ class ModelConfig:
                 f"family {self.family!r} has no QK-norm (Hugging Face could not load it)",
                 'family="qwen3" (or "qwen3_moe")',
             )
-        if self.family in ("qwen3", "qwen3_moe") and not self.qk_norm:
+        self._check_attention()
+        if self.family in ("qwen3", "qwen3_moe", "gemma3_text", "olmo2") and not self.qk_norm:
             _fail(
                 "ModelConfig",
                 "qk_norm",
@@ -368,6 +528,104 @@ class ModelConfig:
                 f"family {self.family!r} always has QK-norm",
                 'qk_norm=True, or family="llama"/"mixtral"',
             )
+
+    def _check_eos_and_rope(self) -> None:
+        """Canonical eos: an int, or a tuple of several ids."""
+        eos = self.eos_token_id
+        if isinstance(eos, (list, tuple)):
+            ids = tuple(int(i) for i in eos)
+            if not ids:
+                ids = None
+            elif len(ids) == 1:
+                ids = ids[0]
+            object.__setattr__(self, "eos_token_id", ids)
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        """`eos_token_id` as a tuple (empty when unset).
+
+        >>> from meltemi.models import get_preset
+        >>> get_preset("tiny-llama").replace(eos_token_id=[2, 5]).eos_ids
+        (2, 5)
+        """
+        eos = self.eos_token_id
+        if eos is None:
+            return ()
+        return eos if isinstance(eos, tuple) else (eos,)
+
+    @property
+    def pre_norms(self) -> bool:
+        """Norms on the attention and MLP inputs (all families but OLMo 2, which only
+        normalises their outputs)."""
+        return self.family != "olmo2"
+
+    @property
+    def qkv_bias(self) -> bool:
+        """Biases on the q/k/v projections but not the output one (Qwen2)."""
+        return self.family == "qwen2"
+
+    @property
+    def qk_norm_whole(self) -> bool:
+        """QK-norm over the whole q/k projection (all heads together: OLMo 2) rather than per
+        head."""
+        return self.family == "olmo2"
+
+    def _check_attention(self) -> None:
+        """Validates the attention fields (backend, windows, soft caps, scales)."""
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            close = difflib.get_close_matches(str(self.attention_backend), ATTENTION_BACKENDS, n=1)
+            fix = f'attention_backend="{close[0]}"' if close else f"one of {ATTENTION_BACKENDS}"
+            _fail("ModelConfig", "attention_backend", self.attention_backend, "unknown", fix)
+        if self.sliding_window is not None:
+            _check_positive_ints(self, ("sliding_window",))
+        if self.layer_types is not None:
+            types = self.layer_types
+            if isinstance(types, list):
+                types = tuple(types)
+                object.__setattr__(self, "layer_types", types)
+            if len(types) != self.num_layers or any(t not in LAYER_TYPES for t in types):
+                _fail(
+                    "ModelConfig",
+                    "layer_types",
+                    types,
+                    f"needs one of {LAYER_TYPES} per layer ({self.num_layers} layers)",
+                    'layer_types=("sliding_attention", "full_attention", ...)',
+                )
+            if "sliding_attention" in types and self.sliding_window is None:
+                _fail(
+                    "ModelConfig",
+                    "sliding_window",
+                    None,
+                    "layer_types has sliding_attention layers but no window size",
+                    "sliding_window=4096",
+                )
+        for name in ("attn_logit_softcap", "final_logit_softcap", "query_pre_attn_scalar"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                _fail("ModelConfig", name, value, "must be > 0 (or None)", f"{name}=None")
+        if self.rope_local_theta is not None and not self.rope_local_theta > 0:
+            _fail(
+                "ModelConfig",
+                "rope_local_theta",
+                self.rope_local_theta,
+                "must be > 0 (or None)",
+                "rope_local_theta=10000.0",
+            )
+        pattern = _SLIDING_PATTERNS.get(self.family)
+        if pattern and self.layer_types == sliding_layer_types(self.num_layers, pattern):
+            # Canonical form: the family's own pattern is spelled `None` (it then follows
+            # `num_layers` when that is overridden).
+            object.__setattr__(self, "layer_types", None)
+        if self.family not in ("gemma2", "gemma3_text", "mistral", "qwen2"):
+            if self.sliding_window is not None or self.layer_types is not None:
+                _fail(
+                    "ModelConfig",
+                    "sliding_window",
+                    self.sliding_window,
+                    f"family {self.family!r} has no sliding-window attention (Hugging Face "
+                    "would ignore it)",
+                    'sliding_window=None, or family="mistral"',
+                )
 
     # Recipe, derived from the family -------------------------------------------------------
     @property
@@ -377,7 +635,9 @@ class ModelConfig:
 
     @property
     def norm_kind(self) -> Literal["rms", "rms_one_plus", "layer"]:
-        return {"gpt2": "layer", "gemma": "rms_one_plus"}.get(self.family, "rms")
+        if self.family in ("gemma", "gemma2", "gemma3_text"):
+            return "rms_one_plus"
+        return {"gpt2": "layer"}.get(self.family, "rms")
 
     @property
     def uses_rope(self) -> bool:
@@ -393,7 +653,30 @@ class ModelConfig:
 
     @property
     def scale_embeddings(self) -> bool:
-        return self.family == "gemma"
+        return self.family in ("gemma", "gemma2", "gemma3_text")
+
+    @property
+    def post_norms(self) -> bool:
+        """Norms on the attention and MLP outputs, before the residual add (Gemma 2/3; OLMo 2,
+        which has only these)."""
+        return self.family in ("gemma2", "gemma3_text", "olmo2")
+
+    @property
+    def sliding_layers(self) -> tuple[bool, ...]:
+        """Per layer, whether it attends through `sliding_window`."""
+        if self.sliding_window is None:
+            return (False,) * self.num_layers
+        types = self.layer_types
+        if types is None and self.family in _SLIDING_PATTERNS:
+            types = sliding_layer_types(self.num_layers, _SLIDING_PATTERNS[self.family])
+        if types is None:
+            return (True,) * self.num_layers
+        return tuple(t == "sliding_attention" for t in types)
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor applied to `q . k` (`head_size**-0.5` or `query_pre_attn_scalar**-0.5`)."""
+        return float(self.query_pre_attn_scalar or self.head_size) ** -0.5
 
     @property
     def is_moe(self) -> bool:
@@ -402,7 +685,9 @@ class ModelConfig:
     @property
     def blockwise_loss(self) -> bool:
         """Whether the training loss runs over vocabulary blocks (`loss_vocab_block`)."""
-        return self.loss_vocab_block is not None and self.vocab_size > self.loss_vocab_block
+        # The blockwise loss has no final-logit soft cap (Gemma 2): those use full logits.
+        big = self.loss_vocab_block is not None and self.vocab_size > self.loss_vocab_block
+        return big and self.final_logit_softcap is None
 
     @property
     def q_heads_per_group(self) -> int:

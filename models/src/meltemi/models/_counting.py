@@ -15,8 +15,10 @@ def _attention_params(config: ModelConfig) -> int:
     n = d * q + 2 * d * kv + q * d
     if config.use_bias:
         n += q + 2 * kv + d
+    elif config.qkv_bias:  # Qwen2: q/k/v only
+        n += q + 2 * kv
     if config.qk_norm:
-        n += 2 * hd
+        n += q + kv if config.qk_norm_whole else 2 * hd
     return n
 
 
@@ -44,8 +46,11 @@ def param_count(config: ModelConfig, *, active: bool = False, embeddings: bool =
     8.03
     """
     d = config.hidden_dim
+    norms = 2 * int(config.pre_norms) + 2 * int(config.post_norms)
     block = (
-        _attention_params(config) + _mlp_params(config, active=active) + 2 * _norm_params(config)
+        _attention_params(config)
+        + _mlp_params(config, active=active)
+        + norms * _norm_params(config)
     )
     n = config.num_layers * block + _norm_params(config)
     if embeddings:

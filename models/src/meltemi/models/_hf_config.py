@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from meltemi.models._config import ConfigError, ModelConfig, MoeConfig, RopeConfig
+from meltemi.models._config import (
+    ModelConfig,
+    MoeConfig,
+    RopeConfig,
+    sliding_layer_types,
+)
+from meltemi.models._hf_config_keys import HfConfigError, TrackedConfig, check_all_used
 
 # family -> (HF model_type, HF architecture class)
 HF_TYPES: dict[str, tuple[str, str]] = {
@@ -14,6 +20,11 @@ HF_TYPES: dict[str, tuple[str, str]] = {
     "qwen3_moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
     "gpt2": ("gpt2", "GPT2LMHeadModel"),
     "gemma": ("gemma", "GemmaForCausalLM"),
+    "gemma2": ("gemma2", "Gemma2ForCausalLM"),
+    "gemma3_text": ("gemma3_text", "Gemma3ForCausalLM"),
+    "mistral": ("mistral", "MistralForCausalLM"),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "olmo2": ("olmo2", "Olmo2ForCausalLM"),
 }
 _FAMILY_OF_TYPE = {model_type: family for family, (model_type, _) in HF_TYPES.items()}
 
@@ -28,30 +39,147 @@ _ACT_FROM_HF = {
 }
 
 
-class HfConfigError(ConfigError):
-    """A Hugging Face `config.json` uses a model type or option this library cannot represent."""
-
-
-HfConfigError.__module__ = "meltemi.models"
-
-
 def _act_to_hf(config: ModelConfig) -> str:
     if config.activation == "gelu_tanh":
         return "gelu_new" if config.family == "gpt2" else "gelu_pytorch_tanh"
     return config.activation
 
 
-def _rope_to_hf(rope: RopeConfig) -> dict[str, Any]:
-    if not rope.is_llama3:
-        return {"rope_type": "default", "rope_theta": rope.theta}
-    return {
-        "rope_type": "llama3",
-        "rope_theta": rope.theta,
-        "factor": rope.llama3_factor,
-        "low_freq_factor": rope.low_freq_factor,
-        "high_freq_factor": rope.high_freq_factor,
-        "original_max_position_embeddings": rope.original_max_position,
-    }
+# rope_type -> the keys transformers reads for it (besides rope_type / type / rope_theta).
+_ROPE_KEYS: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "yarn": (
+        "factor",
+        "original_max_position_embeddings",
+        "attention_factor",
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+        "truncate",
+    ),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "longrope": (
+        "short_factor",
+        "long_factor",
+        "factor",
+        "attention_factor",
+        "original_max_position_embeddings",
+    ),
+}
+
+
+def _rope_to_hf(rope: RopeConfig, max_position: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"rope_type": rope.scaling, "rope_theta": rope.theta}
+    kind = rope.scaling
+    if kind == "llama3":
+        out.update(
+            factor=rope.llama3_factor,
+            low_freq_factor=rope.low_freq_factor,
+            high_freq_factor=rope.high_freq_factor,
+            original_max_position_embeddings=rope.original_max_position,
+        )
+    elif kind in ("linear", "dynamic"):
+        out["factor"] = rope.factor
+    elif kind == "yarn":
+        out.update(
+            factor=rope.factor,
+            original_max_position_embeddings=rope.original_max_position,
+            beta_fast=rope.beta_fast,
+            beta_slow=rope.beta_slow,
+        )
+        if not rope.truncate:  # transformers' default is True
+            out["truncate"] = False
+    elif kind == "longrope":
+        if max_position is None or rope.factor != max_position / rope.original_max_position:
+            out["factor"] = rope.factor  # else transformers derives the same value
+        out.update(
+            original_max_position_embeddings=rope.original_max_position,
+            short_factor=list(rope.short_factor or ()),
+            long_factor=list(rope.long_factor or ()),
+        )
+    for name in ("attention_factor", "mscale", "mscale_all_dim"):
+        if getattr(rope, name) is not None and kind in ("yarn", "longrope"):
+            out[name] = getattr(rope, name)
+    return out
+
+
+def _rope_from_hf(d: dict[str, Any], max_position: int) -> RopeConfig:
+    """The rope of a config, as transformers 5 standardises it: `rope_scaling` (old name)
+    wins over `rope_parameters`; `rope_theta` / `partial_rotary_factor` /
+    `original_max_position_embeddings` at the top level fill in what the dict lacks."""
+    legacy, current = d.get("rope_scaling"), d.get("rope_parameters")
+    params = dict(legacy or current or {})
+    model_type = d.get("model_type")
+    if params and all(isinstance(v, dict) for v in params.values()):
+        raise HfConfigError(
+            f"config.json ({model_type}) has rope_parameters per layer type {sorted(params)}; "
+            "only one rope for all layers is supported for this model_type"
+        )
+    kind = params.pop("rope_type", None) or params.pop("type", None) or "default"
+    params.pop("type", None)
+    if kind not in _ROPE_KEYS:
+        raise HfConfigError(
+            f"config.json ({model_type}) rope_type={kind!r} is not supported; supported: "
+            f"{sorted(_ROPE_KEYS)}"
+        )
+    top_theta = d.get("rope_theta")
+    theta = float(params.pop("rope_theta", None) or top_theta or 10_000.0)
+    partial = params.pop("partial_rotary_factor", None)
+    if partial is None:
+        partial = d.get("partial_rotary_factor")
+    unknown = sorted(set(params) - set(_ROPE_KEYS[kind]))
+    if unknown:
+        raise HfConfigError(
+            f"config.json ({model_type}) rope {kind!r} has keys {unknown} "
+            f"(values {[params[k] for k in unknown]}) that {kind!r} does not use; its keys: "
+            f"{list(_ROPE_KEYS[kind])}"
+        )
+    top_old = d.get("original_max_position_embeddings")
+    old = int(top_old or params.get("original_max_position_embeddings") or max_position)
+    partial = float(1.0 if partial is None else partial)
+    rope = RopeConfig(theta=theta, partial_rotary_factor=partial)
+    if kind == "default":
+        return rope
+    if kind == "llama3":
+        return rope.replace(
+            llama3_factor=float(params["factor"]),
+            low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+            original_max_position=old,
+        )
+    if kind in ("linear", "dynamic"):
+        # dynamic grows past max_position_embeddings (transformers ignores an "original").
+        return rope.replace(
+            scaling=kind,
+            factor=float(params["factor"]),
+            original_max_position=max_position if kind == "dynamic" else rope.original_max_position,
+        )
+    factor = params.get("factor")
+    factor = float(max_position / old if factor is None else factor)
+    attention = params.get("attention_factor")
+    common = dict(
+        scaling=kind,
+        factor=factor,
+        original_max_position=old,
+        attention_factor=None if attention is None else float(attention),
+    )
+    if kind == "yarn":
+        return rope.replace(
+            **common,
+            beta_fast=float(params.get("beta_fast") or 32.0),
+            beta_slow=float(params.get("beta_slow") or 1.0),
+            mscale=params.get("mscale"),
+            mscale_all_dim=params.get("mscale_all_dim"),
+            truncate=bool(params.get("truncate", True)),
+        )
+    return rope.replace(
+        **common,
+        short_factor=tuple(float(v) for v in params["short_factor"]),
+        long_factor=tuple(float(v) for v in params["long_factor"]),
+    )
 
 
 def to_hf_config(config: ModelConfig) -> dict[str, Any]:
@@ -72,7 +200,7 @@ def to_hf_config(config: ModelConfig) -> dict[str, Any]:
         "initializer_range": config.initializer_range,
         "tie_word_embeddings": config.tie_embeddings,
         "bos_token_id": config.bos_token_id,
-        "eos_token_id": config.eos_token_id,
+        "eos_token_id": _ids_to_hf(config.eos_token_id),
         "dtype": "float32",
     }
     if config.family == "gpt2":
@@ -89,7 +217,13 @@ def to_hf_config(config: ModelConfig) -> dict[str, Any]:
             reorder_and_upcast_attn=False,
         )
         return out
-    rope = _rope_to_hf(config.rope)
+    if config.rope.partial_rotary_factor != 1.0:
+        raise HfConfigError(
+            f"RopeConfig.partial_rotary_factor={config.rope.partial_rotary_factor}: transformers' "
+            f"{model_type} rotates whole heads, so it could not load this model. Fix: "
+            "partial_rotary_factor=1.0 to export to Hugging Face"
+        )
+    rope = _rope_to_hf(config.rope, config.max_seq_len)
     out.update(
         hidden_size=config.hidden_dim,
         intermediate_size=config.intermediate_dim,
@@ -97,16 +231,21 @@ def to_hf_config(config: ModelConfig) -> dict[str, Any]:
         num_attention_heads=config.num_heads,
         num_key_value_heads=config.num_kv_heads,
         head_dim=config.head_size,
-        max_position_embeddings=config.max_seq_len,
+        # Dynamic NTK rope grows its base past max_position_embeddings (its original context).
+        max_position_embeddings=(
+            config.rope.original_max_position
+            if config.rope.scaling == "dynamic"
+            else config.max_seq_len
+        ),
         hidden_act=_act_to_hf(config),
         rms_norm_eps=config.norm_eps,
         # transformers >= 5 reads rope_parameters; older releases read rope_theta/rope_scaling.
         rope_parameters=rope,
         rope_theta=config.rope.theta,
     )
-    if config.rope.is_llama3:
+    if config.rope.scaling != "default":
         out["rope_scaling"] = dict(rope)
-    if config.family in ("llama", "qwen3", "qwen3_moe", "gemma"):
+    if config.family in ("llama", "qwen3", "qwen3_moe", "gemma", "olmo2"):
         out["attention_bias"] = False  # Mixtral's config has no such option
     if config.family == "llama":
         out["mlp_bias"] = False
@@ -132,6 +271,17 @@ def to_hf_config(config: ModelConfig) -> dict[str, Any]:
         )
     if config.family in ("qwen3", "qwen3_moe"):
         out.update(use_sliding_window=False, sliding_window=None)
+    if config.family == "qwen2":
+        sliding = config.sliding_window is not None
+        out.update(
+            use_sliding_window=sliding,
+            sliding_window=config.sliding_window,
+            max_window_layers=config.num_layers,
+            layer_types=[
+                "sliding_attention" if s else "full_attention" for s in config.sliding_layers
+            ],
+        )
+    _window_families_to_hf(config, out)
     return out
 
 
@@ -147,26 +297,53 @@ def _get(d: dict[str, Any], *names: str, default: Any = KeyError) -> Any:
     return default
 
 
-def _rope_from_hf(d: dict[str, Any]) -> RopeConfig:
-    params = d.get("rope_parameters") or {}
-    legacy = d.get("rope_scaling") or {}
-    theta = float(params.get("rope_theta", d.get("rope_theta", 10_000.0)))
-    kind = params.get("rope_type") or legacy.get("rope_type") or legacy.get("type") or "default"
-    if kind == "default":
-        return RopeConfig(theta=theta)
-    if kind != "llama3":
+def _ids_to_hf(value: int | tuple[int, ...] | None) -> int | list[int] | None:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _ids(value: Any) -> int | tuple[int, ...] | None:
+    """An id or a list of ids (HF's eos_token_id) as `ModelConfig` keeps it."""
+    if isinstance(value, list):
+        ids = tuple(int(v) for v in value)
+        return None if not ids else ids[0] if len(ids) == 1 else ids
+    return None if value is None else int(value)
+
+
+def _sliding_from_hf(d: dict[str, Any], family: str) -> dict[str, Any]:
+    """Qwen's sliding-window options (`use_sliding_window`, `sliding_window`,
+    `max_window_layers`, `layer_types`): supported for qwen2, refused for qwen3 / qwen3_moe,
+    and Mixtral's `sliding_window`."""
+    model_type = d.get("model_type")
+    if family == "mixtral":
+        if d.get("sliding_window") is not None:
+            raise HfConfigError(
+                f"config.json (mixtral) sets sliding_window={d.get('sliding_window')!r}; sliding "
+                "windows are not supported for mixtral. Fix: sliding_window=null"
+            )
+        return {}
+    if family not in ("qwen2", "qwen3", "qwen3_moe"):
+        return {}
+    types = d.get("layer_types")
+    d.get("max_window_layers")  # only shapes the default layer_types below
+    if not d.get("use_sliding_window"):
+        d.get("sliding_window")  # transformers sets it to None without use_sliding_window
+        if types and any(t != "full_attention" for t in types):
+            raise HfConfigError(
+                f"config.json ({model_type}) sets layer_types={types!r} with "
+                "use_sliding_window=false; expected every layer 'full_attention'"
+            )
+        return {}
+    if family != "qwen2":
         raise HfConfigError(
-            f"config.json rope type {kind!r} is not supported (only 'default' and 'llama3'); "
-            "convert the checkpoint or add the scaling to meltemi.models"
+            f"config.json ({model_type}) sets use_sliding_window=true; sliding windows are "
+            f"supported for qwen2, mistral, gemma2, gemma3_text, not {model_type}"
         )
-    src = params if "factor" in params else legacy
-    return RopeConfig(
-        theta=theta,
-        llama3_factor=float(src["factor"]),
-        low_freq_factor=float(src.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(src.get("high_freq_factor", 4.0)),
-        original_max_position=int(src.get("original_max_position_embeddings", 8192)),
-    )
+    window = int(_get(d, "sliding_window"))
+    num_layers = int(_get(d, "num_hidden_layers"))
+    if not types:
+        start = int(d.get("max_window_layers") or 0)
+        types = ["sliding_attention" if i >= start else "full_attention" for i in range(num_layers)]
+    return {"sliding_window": window, "layer_types": tuple(types)}
 
 
 def _first_id(value: Any) -> int | None:
@@ -178,11 +355,22 @@ def _first_id(value: Any) -> int | None:
 def from_hf_config(d: dict[str, Any]) -> ModelConfig:
     """The `ModelConfig` a Hugging Face `config.json` dict describes.
 
+    Every key is accounted for: read into the config (options we cannot represent raise),
+    or listed in `_hf_config_keys.IRRELEVANT_KEYS`; any other key raises `HfConfigError`
+    naming it and its value.
+
     >>> from meltemi.models import get_preset
     >>> cfg = get_preset("tiny-qwen3-moe")
     >>> from_hf_config(to_hf_config(cfg)) == cfg
     True
     """
+    tracked = TrackedConfig(d)
+    config = _from_hf_config(tracked)
+    check_all_used(tracked)
+    return config
+
+
+def _from_hf_config(d: dict[str, Any]) -> ModelConfig:
     model_type = d.get("model_type")
     if model_type not in _FAMILY_OF_TYPE:
         raise HfConfigError(
@@ -207,7 +395,7 @@ def from_hf_config(d: dict[str, Any]) -> ModelConfig:
         activation=_ACT_FROM_HF[act_name],
         initializer_range=float(d.get("initializer_range", 0.02)),
         bos_token_id=_first_id(d.get("bos_token_id")),
-        eos_token_id=_first_id(d.get("eos_token_id")),
+        eos_token_id=_ids(d.get("eos_token_id")),
     )
     if family == "gpt2":
         for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
@@ -228,12 +416,13 @@ def from_hf_config(d: dict[str, Any]) -> ModelConfig:
             norm_eps=float(d.get("layer_norm_epsilon", 1e-5)),
             tie_embeddings=bool(d.get("tie_word_embeddings", True)),
         )
-    if d.get("attention_bias") or d.get("mlp_bias"):
-        raise HfConfigError(
-            f"config.json ({model_type}) sets attention_bias/mlp_bias=true, which is not supported"
-        )
-    if d.get("use_sliding_window"):
-        raise HfConfigError(f"config.json ({model_type}) uses a sliding window; not supported")
+    for flag in ("attention_bias", "mlp_bias"):
+        if d.get(flag) and family != "qwen2":  # Qwen2's q/k/v biases are built in
+            raise HfConfigError(
+                f"config.json ({model_type}) sets {flag}={d.get(flag)!r}; biases are not "
+                f"supported for {model_type} (qwen2 has q/k/v biases). Fix: {flag}=false"
+            )
+    sliding = _sliding_from_hf(d, family)
     hidden = int(_get(d, "hidden_size"))
     heads = int(_get(d, "num_attention_heads"))
     moe = None
@@ -259,8 +448,23 @@ def from_hf_config(d: dict[str, Any]) -> ModelConfig:
             norm_topk_prob=bool(d.get("norm_topk_prob", False)),
             load_balancing_coef=float(d.get("router_aux_loss_coef", 0.01)),
         )
-    default_tie = family == "gemma"
+    default_tie = family in ("gemma", "gemma2", "gemma3_text")
     head_dim = int(d.get("head_dim") or hidden // heads)
+    max_seq_len = int(_get(d, "max_position_embeddings", default=4096))
+    window = _window_families_from_hf(d, family, max_seq_len)
+    rope = window.pop("rope") if "rope" in window else _rope_from_hf(d, max_seq_len)
+    if rope.partial_rotary_factor != 1.0:
+        raise HfConfigError(
+            f"config.json ({model_type}) sets partial_rotary_factor="
+            f"{rope.partial_rotary_factor}; transformers' {model_type} rotates whole heads (its "
+            "rotary code cannot apply a partial rotation), so no working checkpoint has it. "
+            "Fix: remove the key (or 1.0)"
+        )
+    if rope.scaling == "dynamic":
+        # Its base grows past max_position_embeddings (the original context): the model is
+        # meant for factor x that, which bounds our KV cache.
+        max_seq_len = int(max_seq_len * rope.factor)
+    eps_default = 1e-5 if family == "olmo2" else 1e-6
     return ModelConfig(
         **common,
         hidden_dim=hidden,
@@ -270,10 +474,122 @@ def from_hf_config(d: dict[str, Any]) -> ModelConfig:
         num_kv_heads=int(d.get("num_key_value_heads") or heads),
         # `None` when it is the default, so that configs round-trip exactly.
         head_dim=None if head_dim == hidden // heads else head_dim,
-        max_seq_len=int(_get(d, "max_position_embeddings", default=4096)),
-        norm_eps=float(_get(d, "rms_norm_eps", default=1e-6)),
-        rope=_rope_from_hf(d),
+        max_seq_len=max_seq_len,
+        norm_eps=float(_get(d, "rms_norm_eps", default=eps_default)),
+        rope=rope,
         tie_embeddings=bool(d.get("tie_word_embeddings", default_tie)),
-        qk_norm=family in ("qwen3", "qwen3_moe"),
+        qk_norm=family in ("qwen3", "qwen3_moe", "olmo2", "gemma3_text"),
         moe=moe,
+        **sliding,
+        **window,
     )
+
+
+# -- gemma2 / gemma3_text / mistral: sliding windows, soft caps, Gemma 3's two ropes ----------
+_WINDOW_FAMILIES = ("gemma2", "gemma3_text", "mistral")
+
+
+def _window_families_to_hf(config: ModelConfig, out: dict[str, Any]) -> None:
+    """Adds the options of Gemma 2, Gemma 3 and Mistral to `out` (transformers 5 layout)."""
+    if config.family not in _WINDOW_FAMILIES:
+        return
+    out["sliding_window"] = config.sliding_window
+    if config.family == "mistral":
+        return
+    # Gemma 2/3 name the activation `hidden_activation` and have no top-level rope_theta.
+    out["hidden_activation"] = out.pop("hidden_act")
+    out.pop("rope_theta", None)
+    out.update(
+        attention_bias=False,
+        query_pre_attn_scalar=_whole(config.query_pre_attn_scalar or config.head_size),
+        layer_types=["sliding_attention" if s else "full_attention" for s in config.sliding_layers],
+        final_logit_softcapping=config.final_logit_softcap,
+        attn_logit_softcapping=config.attn_logit_softcap,
+        use_bidirectional_attention=False if config.family == "gemma3_text" else None,
+    )
+    if config.family == "gemma3_text":
+        local = {"rope_type": "default", "rope_theta": config.rope_local_theta or config.rope.theta}
+        out["rope_parameters"] = {
+            "full_attention": out["rope_parameters"],
+            "sliding_attention": local,
+        }
+        out.pop("rope_scaling", None)
+
+
+def _whole(x: float) -> float | int:
+    """`x` as an int when it is one (transformers types `query_pre_attn_scalar` as int)."""
+    return int(x) if float(x).is_integer() else x
+
+
+def _window_families_from_hf(d: dict[str, Any], family: str, max_seq_len: int) -> dict[str, Any]:
+    """`ModelConfig` fields of Gemma 2, Gemma 3 and Mistral configs (plus `rope` for Gemma 3,
+    whose `rope_parameters` has one entry per layer type)."""
+    if family not in _WINDOW_FAMILIES:
+        return {}
+    model_type = d.get("model_type")
+    window = d.get("sliding_window")
+    out: dict[str, Any] = {"sliding_window": None if window is None else int(window)}
+    if family == "mistral":
+        return out
+    if d.get("use_bidirectional_attention"):
+        raise HfConfigError(
+            f"config.json ({model_type}) sets use_bidirectional_attention="
+            f"{d.get('use_bidirectional_attention')!r}; meltemi's {model_type} is a causal LM. "
+            "Fix: use_bidirectional_attention=false"
+        )
+    types = d.get("layer_types")
+    # transformers saves Gemma 3's pattern as `_sliding_window_pattern`; older configs without
+    # `layer_types` have `sliding_window_pattern`. Either only shapes the default layer_types.
+    patterns = (d.get("sliding_window_pattern"), d.get("_sliding_window_pattern"))
+    saved_pattern = patterns[0] or patterns[1]
+    if not types:
+        pattern = int(saved_pattern or (2 if family == "gemma2" else 6))
+        types = sliding_layer_types(int(_get(d, "num_hidden_layers")), pattern)
+    scalar = d.get("query_pre_attn_scalar")
+    hidden, heads = int(_get(d, "hidden_size")), int(_get(d, "num_attention_heads"))
+    head_dim = int(d.get("head_dim") or hidden // heads)
+    attn_cap = d.get("attn_logit_softcapping")
+    if family == "gemma3_text" and attn_cap is not None:
+        raise HfConfigError(
+            f"config.json (gemma3_text) sets attn_logit_softcapping={attn_cap!r}, which "
+            "transformers' Gemma 3 ignores (its attention passes no soft cap), so the intended "
+            "math is unclear. Fix: attn_logit_softcapping=null"
+        )
+    final_cap = d.get("final_logit_softcapping")
+    out.update(
+        layer_types=tuple(types),
+        query_pre_attn_scalar=None if scalar is None or scalar == head_dim else float(scalar),
+        attn_logit_softcap=None if attn_cap is None else float(attn_cap),
+        final_logit_softcap=None if final_cap is None else float(final_cap),
+    )
+    if family == "gemma3_text":
+        out.update(_gemma3_rope_from_hf(d, max_seq_len))
+    return out
+
+
+def _gemma3_rope_from_hf(d: dict[str, Any], max_seq_len: int) -> dict[str, Any]:
+    """Gemma 3's global rope (`full_attention`, possibly scaled) and local base
+    (`sliding_attention`; `rope_local_base_freq` in older configs)."""
+    params = d.get("rope_parameters") or {}
+    if params and not all(isinstance(v, dict) for v in params.values()):
+        params = {"full_attention": params}  # one rope given: it is the global layers'
+    full = dict(params.get("full_attention") or {})
+    local = dict(params.get("sliding_attention") or {})
+    legacy = d.get("rope_scaling")
+    if legacy:
+        full.update(legacy)
+    full.setdefault("rope_theta", d.get("rope_theta") or 1_000_000.0)
+    local.setdefault("rope_theta", d.get("rope_local_base_freq") or 10_000.0)
+    local_kind = local.pop("rope_type", None) or local.pop("type", None) or "default"
+    extra = sorted(set(local) - {"rope_theta"})
+    if local_kind != "default" or extra:
+        raise HfConfigError(
+            f"config.json (gemma3_text) rope_parameters.sliding_attention is {local_kind!r} "
+            f"with keys {extra}; the local layers support plain RoPE only. Fix: "
+            '{"rope_type": "default", "rope_theta": 10000.0}'
+        )
+    view = {"model_type": "gemma3_text", "rope_parameters": full}
+    return {
+        "rope": _rope_from_hf(view, max_seq_len),
+        "rope_local_theta": float(local["rope_theta"]),
+    }

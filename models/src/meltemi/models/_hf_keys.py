@@ -89,8 +89,27 @@ def _llama_like(config: ModelConfig) -> list[Spec]:
     specs += _norm_specs("model.norm", lambda m: m.final_norm, config, layer=False)
     if not config.tie_embeddings:
         specs.append(Spec("lm_head.weight", lambda m: m.lm_head.weight, (VOCAB,), (EMBED,)))
-    specs += _norm_specs(L + "input_layernorm", lambda b: b.attn_norm, config, layer=True)
-    specs += _norm_specs(L + "post_attention_layernorm", lambda b: b.mlp_norm, config, layer=True)
+    if config.family == "olmo2":
+        # OLMo 2 normalises only the outputs of attention and MLP (HF's names say "post").
+        specs += _norm_specs(
+            L + "post_attention_layernorm", lambda b: b.post_attn_norm, config, layer=True
+        )
+        specs += _norm_specs(
+            L + "post_feedforward_layernorm", lambda b: b.post_mlp_norm, config, layer=True
+        )
+    elif config.post_norms:  # Gemma 2/3: pre- and post-norms around attention and the MLP
+        for name, get in (
+            ("input_layernorm", lambda b: b.attn_norm),
+            ("post_attention_layernorm", lambda b: b.post_attn_norm),
+            ("pre_feedforward_layernorm", lambda b: b.mlp_norm),
+            ("post_feedforward_layernorm", lambda b: b.post_mlp_norm),
+        ):
+            specs += _norm_specs(L + name, get, config, layer=True)
+    else:
+        specs += _norm_specs(L + "input_layernorm", lambda b: b.attn_norm, config, layer=True)
+        specs += _norm_specs(
+            L + "post_attention_layernorm", lambda b: b.mlp_norm, config, layer=True
+        )
     a = L + "self_attn."
     specs += [
         Spec(a + "q_proj.weight", lambda b: b.attn.q_proj.weight, Q, (EMBED,), layer=True),
@@ -98,21 +117,33 @@ def _llama_like(config: ModelConfig) -> list[Spec]:
         Spec(a + "v_proj.weight", lambda b: b.attn.v_proj.weight, KV, (EMBED,), layer=True),
         Spec(a + "o_proj.weight", lambda b: b.attn.o_proj.weight, (EMBED,), Q, layer=True),
     ]
-    if config.qk_norm:
+    if config.qkv_bias:  # Qwen2
+        specs += [
+            Spec(a + "q_proj.bias", lambda b: b.attn.q_proj.bias, Q, layer=True),
+            Spec(a + "k_proj.bias", lambda b: b.attn.k_proj.bias, KV, layer=True),
+            Spec(a + "v_proj.bias", lambda b: b.attn.v_proj.bias, KV, layer=True),
+        ]
+    if config.qk_norm and config.qk_norm_whole:  # OLMo 2: over all heads of the projection
+        specs += [
+            Spec(a + "q_norm.weight", lambda b: b.attn.q_norm.weight, Q, layer=True, identity=1.0),
+            Spec(a + "k_norm.weight", lambda b: b.attn.k_norm.weight, KV, layer=True, identity=1.0),
+        ]
+    elif config.qk_norm:
+        qk_identity = 0.0 if config.norm_kind == "rms_one_plus" else 1.0  # Gemma 3: (1 + w)
         specs += [
             Spec(
                 a + "q_norm.weight",
                 lambda b: b.attn.q_norm.weight,
                 (HEAD_SIZE,),
                 layer=True,
-                identity=1.0,
+                identity=qk_identity,
             ),
             Spec(
                 a + "k_norm.weight",
                 lambda b: b.attn.k_norm.weight,
                 (HEAD_SIZE,),
                 layer=True,
-                identity=1.0,
+                identity=qk_identity,
             ),
         ]
     if config.moe is None:
@@ -192,6 +223,11 @@ def _gpt2(config: ModelConfig) -> list[Spec]:
 def specs_for(config: ModelConfig) -> list[Spec]:
     """Every HF tensor of the model `config` describes."""
     return _gpt2(config) if config.family == "gpt2" else _llama_like(config)
+
+
+def embedding_key(config: ModelConfig) -> str:
+    """The HF name of the token embedding (what a tied `lm_head.weight` must equal)."""
+    return "transformer.wte.weight" if config.family == "gpt2" else "model.embed_tokens.weight"
 
 
 def is_ignorable(key: str, config: ModelConfig) -> bool:

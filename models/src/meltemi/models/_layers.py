@@ -11,9 +11,23 @@ import jax.numpy as jnp
 import meltemi.haliax as hax
 import meltemi.haliax.nn as hnn
 from meltemi.haliax import partitioning
-from meltemi.haliax.nn.attention import dot_product_attention
+from meltemi.models._attention import MaskSpec, attention, blockwise_attention
 from meltemi.models._axes import EMBED, HEAD_SIZE, KEY_POSITION, POSITION, ModelAxes
-from meltemi.models._config import ModelConfig
+from meltemi.models._config import ModelConfig, RopeConfig
+from meltemi.models._rope import Rotary
+
+__all__ = [
+    "AttentionOptions",
+    "DenseMlp",
+    "LayerCache",
+    "MaskSpec",
+    "OnePlusRmsNorm",
+    "attend",
+    "blockwise_attention",
+    "constrain",
+    "make_attention",
+    "make_norm",
+]
 
 
 def constrain(x: hax.NamedArray) -> hax.NamedArray:
@@ -133,29 +147,78 @@ class LayerCache(eqx.Module):
 
 
 def make_attention(config: ModelConfig, *, key: jax.Array) -> hnn.Attention:
-    rotary = None
-    if config.uses_rope:
-        rope = config.rope
-        scaling = None
-        if rope.is_llama3:
-            scaling = hnn.Llama3RopeScaling(
-                factor=rope.llama3_factor,
-                low_freq_factor=rope.low_freq_factor,
-                high_freq_factor=rope.high_freq_factor,
-                original_max_position_embeddings=rope.original_max_position,
-            )
-        rotary = hnn.RotaryConfig(theta=rope.theta, scaling=scaling)
-    return hnn.Attention.init(
+    rotary = Rotary(config.rope, config.head_size) if config.uses_rope else None
+    attn = hnn.Attention.init(
         hax.Axis(EMBED, config.hidden_dim),
         num_heads=config.num_heads,
         num_kv_heads=config.num_kv_heads,
         head_size=config.head_size,
         key=key,
-        use_bias=config.use_bias,
+        use_bias=config.use_bias or config.qkv_bias,
+        use_output_bias=config.use_bias,
         use_qk_norm=config.qk_norm,
         qk_norm_eps=config.norm_eps,
-        rotary=rotary,
+        rotary=rotary,  # type: ignore[arg-type]
     )
+    if config.qk_norm and config.qk_norm_whole:
+        # OLMo 2: one RMS norm over the whole q (k) projection, every head at once.
+        q_axes = attn.q_proj.Out
+        k_axes = attn.k_proj.Out
+        attn = eqx.tree_at(
+            lambda a: (a.q_norm, a.k_norm),
+            attn,
+            (
+                hnn.RmsNorm.init(q_axes, eps=config.norm_eps),
+                hnn.RmsNorm.init(k_axes, eps=config.norm_eps),
+            ),
+        )
+    if config.qk_norm and config.norm_kind == "rms_one_plus":
+        # Gemma 3: (1 + w) RMS norms over each head's queries and keys.
+        attn = eqx.tree_at(
+            lambda a: (a.q_norm, a.k_norm),
+            attn,
+            (
+                OnePlusRmsNorm.init(attn.HeadSize, eps=config.norm_eps),
+                OnePlusRmsNorm.init(attn.HeadSize, eps=config.norm_eps),
+            ),
+        )
+    return attn
+
+
+def _with_theta(rotary: Rotary, theta: float) -> Rotary:
+    """Plain RoPE of base `theta` on the same heads as `rotary` (Gemma 3's local layers)."""
+    return Rotary(RopeConfig(theta=theta), rotary.head_size)
+
+
+class AttentionOptions(eqx.Module):
+    """The attention settings of a config that are not weights (static, shared by layers).
+
+    Attributes:
+        backend: `ModelConfig.attention_backend`.
+        window: `ModelConfig.sliding_window`.
+        softcap: `ModelConfig.attn_logit_softcap`.
+        scale: `ModelConfig.attention_scale`.
+        local_theta: `ModelConfig.rope_local_theta`.
+        query_block: `ModelConfig.attention_query_block`.
+    """
+
+    backend: str = eqx.field(static=True, default="xla")
+    window: int | None = eqx.field(static=True, default=None)
+    softcap: float | None = eqx.field(static=True, default=None)
+    scale: float | None = eqx.field(static=True, default=None)
+    local_theta: float | None = eqx.field(static=True, default=None)
+    query_block: int | None = eqx.field(static=True, default=None)
+
+    @staticmethod
+    def of(config: ModelConfig) -> AttentionOptions:
+        return AttentionOptions(
+            config.attention_backend,
+            config.sliding_window,
+            config.attn_logit_softcap,
+            config.attention_scale,
+            config.rope_local_theta,
+            config.attention_query_block,
+        )
 
 
 def attend(
@@ -163,18 +226,32 @@ def attend(
     x: hax.NamedArray,
     *,
     positions: hax.NamedArray,
-    mask: hax.NamedArray,
+    mask: MaskSpec,
     cache: LayerCache | None = None,
     cache_index: hax.NamedArray | None = None,
-    query_block: int | None = None,
+    options: AttentionOptions | None = None,
+    sliding: Any = True,
 ) -> tuple[hax.NamedArray, LayerCache | None]:
     """Self-attention of `x` (axes `..., position, embed`), optionally through a KV cache.
 
-    Without a cache the keys are `x`'s own positions (renamed `key_position`) and `mask` is
-    over `(..., position, key_position)`. With one, this step's keys and values are written at
-    slot `cache_index` of the cache and the queries attend over all its slots (`mask` then
-    covers the cache's `key_position`). `query_block`: see `blockwise_attention`.
+    Without a cache the keys are `x`'s own positions (renamed `key_position`). With one, this
+    step's keys and values are written at slot `cache_index` of the cache and the queries
+    attend over all its slots (`mask` then describes the cache's `key_position`). `sliding`
+    says whether `options.window` applies to this layer (a bool, or a traced per-layer flag
+    inside the layer scan); the kernel is `options.backend` (see `meltemi.models._attention`).
+
+    Args:
+        attn: the layer's projections, norms and RoPE.
+        x: the normalised residual stream.
+        positions: position ids of `x`'s tokens (for RoPE).
+        mask: which keys each query may see.
+        cache: this layer's KV cache, or None.
+        cache_index: slot of the first new token in the cache.
+        options: backend, window, soft cap, scale, local RoPE base, query block (default:
+            plain causal attention on `xla`).
+        sliding: whether the window applies to this layer.
     """
+    options = options or AttentionOptions()
     q = constrain(attn.q_proj(x))
     k = constrain(attn.k_proj(x))
     v = constrain(attn.v_proj(x))
@@ -183,8 +260,19 @@ def attend(
     if attn.k_norm is not None:
         k = attn.k_norm(k)
     if attn.rotary is not None:
-        q = attn.rotary(q, positions, HEAD_SIZE)
-        k = attn.rotary(k, positions, HEAD_SIZE)
+        rotary = attn.rotary
+        if options.local_theta is not None and sliding is not False:
+            local = _with_theta(rotary, options.local_theta)
+            if sliding is True:
+                rotary = local
+            else:
+                flag = hax.named(jnp.asarray(sliding), ())
+                q = hax.where(flag, local(q, positions, HEAD_SIZE), rotary(q, positions, HEAD_SIZE))
+                k = hax.where(flag, local(k, positions, HEAD_SIZE), rotary(k, positions, HEAD_SIZE))
+                rotary = None
+        if rotary is not None:
+            q = rotary(q, positions, HEAD_SIZE)
+            k = rotary(k, positions, HEAD_SIZE)
     k = k.rename({POSITION: KEY_POSITION})
     v = v.rename({POSITION: KEY_POSITION})
     new_cache = None
@@ -194,49 +282,16 @@ def attend(
         k = hax.updated_slice(cache.k, start, k.astype(cache.k.dtype))
         v = hax.updated_slice(cache.v, start, v.astype(cache.v.dtype))
         new_cache = LayerCache(k, v)
-    out = constrain(blockwise_attention(q, k, v, mask, query_block))
-    return attn.o_proj(out), new_cache
-
-
-def blockwise_attention(
-    q: hax.NamedArray,
-    k: hax.NamedArray,
-    v: hax.NamedArray,
-    mask: hax.NamedArray | None,
-    query_block: int | None,
-) -> hax.NamedArray:
-    """`softmax(q.k / sqrt(d)) . v` over `key_position`, one block of queries at a time.
-
-    Each block of `query_block` positions attends to every key (the softmax is over whole
-    rows, so this is exact) inside a `jax.checkpoint`, so the backward pass recomputes one
-    block's scores instead of keeping the `(position, key_position)` matrix of every head:
-    at marin-32b's shapes (40 heads, 4096 positions, 4 sequences per device) that matrix is
-    10 GiB in float32. Without `query_block`, or when it does not divide the number of
-    positions, or the sequence is no longer than it, attention runs in one piece.
-
-    >>> import jax.numpy as jnp
-    >>> import meltemi.haliax as hax
-    >>> P, K, D = hax.Axis("position", 6), hax.Axis("key_position", 6), hax.Axis("head_size", 4)
-    >>> q = hax.named(jnp.arange(24.0).reshape(6, 4) / 24, (P, D))
-    >>> kv = q.rename({"position": "key_position"})
-    >>> whole = blockwise_attention(q, kv, kv, None, None)
-    >>> bool(jnp.allclose(blockwise_attention(q, kv, kv, None, 2).array, whole.array))
-    True
-    """
-    Pos = q.resolve_axis(POSITION)  # noqa: N806
-    if query_block is None or Pos.size <= query_block or Pos.size % query_block:
-        return dot_product_attention(KEY_POSITION, HEAD_SIZE, q, k, v, mask=mask)
-    Blocks = hax.Axis("query_block", Pos.size // query_block)  # noqa: N806
-    InBlock = Pos.resize(query_block)  # noqa: N806
-    q_blocks = q.unflatten_axis(POSITION, (Blocks, InBlock))
-    blocked_mask = mask is not None and mask.has_axis(POSITION)
-    m_blocks = mask.unflatten_axis(POSITION, (Blocks, InBlock)) if blocked_mask else mask
-
-    def one(q_block: hax.NamedArray, m_block: hax.NamedArray | None) -> hax.NamedArray:
-        out = dot_product_attention(KEY_POSITION, HEAD_SIZE, q_block, k, v, mask=m_block)
-        return constrain(out)
-
-    # `hax.map` slices what has the `query_block` axis; k, v (and an unblocked mask) are
-    # passed whole to every block.
-    out = hax.map(jax.checkpoint(one), Blocks)(q_blocks, m_blocks)
-    return out.flatten_axes((Blocks.name, POSITION), POSITION).rearrange([a.name for a in q.axes])
+    out = attention(
+        q,
+        k,
+        v,
+        mask,
+        backend=options.backend,
+        window=options.window,
+        sliding=sliding,
+        softcap=options.softcap,
+        scale=options.scale,
+        query_block=options.query_block,
+    )
+    return attn.o_proj(constrain(out)), new_cache

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import difflib
 
-from meltemi.models._config import LLAMA3_ROPE, ConfigError, ModelConfig, MoeConfig, RopeConfig
+from meltemi.models._config import (
+    LLAMA3_ROPE,
+    ConfigError,
+    ModelConfig,
+    MoeConfig,
+    RopeConfig,
+)
 
 _LLAMA3_VOCAB = 128_256
 
@@ -131,6 +137,39 @@ _PRESETS: dict[str, ModelConfig] = {
     "tiny-gemma": _TINY_LLAMA.replace(
         family="gemma", activation="gelu_tanh", norm_eps=1e-6, tie_embeddings=True
     ),
+    # Sliding windows of 5 tokens, shorter than the test sequences; one KV head.
+    "tiny-mistral": _TINY_LLAMA.replace(
+        family="mistral", num_kv_heads=1, norm_eps=1e-6, sliding_window=5
+    ),
+    # Local / global / local layers; soft caps small enough to bite at these weights.
+    "tiny-gemma2": _TINY_LLAMA.replace(
+        family="gemma2",
+        activation="gelu_tanh",
+        norm_eps=1e-6,
+        tie_embeddings=True,
+        sliding_window=5,
+        attn_logit_softcap=3.0,
+        final_logit_softcap=4.0,
+        query_pre_attn_scalar=7.0,
+    ),
+    # Five local layers to one global; the global rope is scaled (linear), the local is not.
+    "tiny-gemma3": _TINY_LLAMA.replace(
+        family="gemma3_text",
+        activation="gelu_tanh",
+        norm_eps=1e-6,
+        tie_embeddings=True,
+        num_layers=6,
+        num_kv_heads=1,
+        qk_norm=True,
+        sliding_window=5,
+        query_pre_attn_scalar=12.0,
+        rope=RopeConfig(theta=1_000_000.0, scaling="linear", factor=2.0),
+        rope_local_theta=10_000.0,
+    ),
+    # Qwen2: q/k/v biases; one KV head (head_dim 8 is not hidden 30 / 6 heads).
+    "tiny-qwen2": _TINY_LLAMA.replace(family="qwen2", num_kv_heads=1, norm_eps=1e-6),
+    # OLMo 2: norms after attention and MLP, QK-norm over the whole projection; one KV head.
+    "tiny-olmo2": _TINY_LLAMA.replace(family="olmo2", num_kv_heads=1, qk_norm=True),
 }
 
 

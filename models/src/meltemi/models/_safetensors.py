@@ -25,6 +25,8 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, which safe_open 
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
+from meltemi.models import _storage
+
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 DEFAULT_SHARD_BYTES = 5 * 1024**3
@@ -58,9 +60,11 @@ SafetensorsError.__module__ = "meltemi.models"
 class TensorInfo:
     """Where a checkpoint tensor lives and what it is (no data)."""
 
-    file: pathlib.Path
+    file: Any
     shape: tuple[int, ...]
     dtype: np.dtype
+    #: Byte offset of the tensor's data in `file` (for ranged reads on object storage).
+    start: int = 0
 
 
 @contextlib.contextmanager
@@ -79,7 +83,8 @@ class Checkpoint:
     """
 
     def __init__(self, directory: str | os.PathLike):
-        self.directory = pathlib.Path(directory)
+        self.directory = _storage.as_path(directory)
+        self.remote = _storage.is_url(self.directory)
         index = self.directory / INDEX_NAME
         single = self.directory / SINGLE_NAME
         if index.exists():
@@ -101,6 +106,9 @@ class Checkpoint:
         self.tensors: dict[str, TensorInfo] = {}
         for file_name in files:
             path = self.directory / file_name
+            if self.remote:  # the header only: two ranged reads
+                self.tensors.update(_remote_header(path))
+                continue
             with _open(path) as f:
                 for name in f.keys():
                     piece = f.get_slice(name)
@@ -128,10 +136,52 @@ class Checkpoint:
         info = self.tensors[name]
         if 0 in info.shape:  # the package cannot slice an empty tensor
             return np.zeros(info.shape, info.dtype)[index]
+        if self.remote:
+            return _remote_read(info, index)
         with _open(info.file) as f:
             piece = f.get_slice(name)
             out = piece[index] if index else piece[:]
         return np.asarray(out, dtype=info.dtype)
+
+
+def _remote_header(path: Any) -> dict[str, TensorInfo]:
+    # Object storage cannot be memory-mapped, and `safe_open` needs a local file: read the
+    # header (the format's 8-byte length + JSON) with ranged reads instead.
+    try:
+        (size,) = struct.unpack("<Q", _storage.read_range(path, 0, 8))
+        header = json.loads(_storage.read_range(path, 8, 8 + size))
+    except (struct.error, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SafetensorsError(f"{path}: not a readable safetensors file ({e})") from e
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        kind = entry["dtype"]
+        if kind not in _DTYPES:
+            raise SafetensorsError(
+                f"{path}: tensor {name!r} has dtype {kind}, which meltemi.models cannot load "
+                f"(supported: {sorted(_DTYPES)}); convert the checkpoint, e.g. to bfloat16"
+            )
+        start = 8 + size + entry["data_offsets"][0]
+        out[name] = TensorInfo(path, tuple(entry["shape"]), _DTYPES[kind], start)
+    return out
+
+
+def _remote_read(info: TensorInfo, index: tuple[slice, ...]) -> np.ndarray:
+    """The block `index` of a tensor on object storage: one ranged read of the rows it spans
+    (the slice of the first dimension is contiguous), the other dimensions cut in memory."""
+    shape = info.shape
+    rows = index[0] if index else slice(None)
+    first, stop, step = rows.indices(shape[0]) if shape else (0, 1, 1)
+    row_bytes = math.prod(shape[1:]) * info.dtype.itemsize
+    stop = max(stop, first)
+    raw = _storage.read_range(
+        info.file, info.start + first * row_bytes, info.start + stop * row_bytes
+    )
+    block = np.frombuffer(raw, dtype=info.dtype).reshape((stop - first, *shape[1:]))
+    if not shape:
+        return np.frombuffer(raw, dtype=info.dtype).reshape(())
+    return np.array(block[(slice(None, None, step), *index[1:])])
 
 
 def read_all(directory: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -174,10 +224,13 @@ def _header(group: Sequence[PendingTensor], metadata: dict[str, str]) -> bytes:
     return raw + b" " * (-len(raw) % 8)  # align the data section to 8 bytes
 
 
-def _write_file(path: pathlib.Path, group: Sequence[PendingTensor], metadata: dict) -> None:
+def _write_file(path: Any, group: Sequence[PendingTensor], metadata: dict) -> None:
     header = _header(group, metadata)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    # Locally: a temporary file renamed into place. On object storage an object appears
+    # whole when its upload closes, and a rename would copy it.
+    remote = _storage.is_url(path)
+    tmp = path if remote else path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as f:
         f.write(struct.pack("<Q", len(header)))
         f.write(header)
         for t in group:
@@ -186,7 +239,8 @@ def _write_file(path: pathlib.Path, group: Sequence[PendingTensor], metadata: di
                 raise SafetensorsError(f"{t.name}: produced shape {array.shape}, planned {t.shape}")
             f.write(array.view(np.uint8).data if array.size else b"")
             del array
-    os.replace(tmp, path)
+    if not remote:
+        os.replace(tmp, path)
 
 
 def _plan(tensors: Sequence[PendingTensor], max_bytes: int) -> list[list[PendingTensor]]:
@@ -226,7 +280,7 @@ def write_sharded(
     >>> sorted(read_all(d))
     ['a', 'b']
     """
-    directory = pathlib.Path(directory)
+    directory = _storage.as_path(directory)
     groups = _plan(tensors, max_shard_bytes)
     names = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
     if not write:

@@ -26,8 +26,10 @@ from meltemi.models._axes import (
 )
 from meltemi.models._config import ConfigError, ModelConfig
 from meltemi.models._layers import (
+    AttentionOptions,
     DenseMlp,
     LayerCache,
+    MaskSpec,
     attend,
     constrain,
     make_attention,
@@ -40,54 +42,70 @@ Tokens = hax.NamedArray | jax.Array | np.ndarray
 
 
 class Block(eqx.Module):
-    """Pre-norm transformer block: `x + attn(norm(x))`, then `x + mlp(norm(x))`."""
+    """Transformer block: `x + post(attn(pre(x)))`, then `x + post(mlp(pre(x)))`.
+
+    The pre-norms (`attn_norm`, `mlp_norm`: every family but OLMo 2) and the post-norms
+    (`post_attn_norm`, `post_mlp_norm`: Gemma 2/3 and OLMo 2) are `None` where a family has none.
+    """
 
     attn_norm: Any
     attn: hnn.Attention
     mlp_norm: Any
     mlp: DenseMlp | MoeMlp
-    query_block: int | None = eqx.field(static=True, default=None)
+    attn_options: AttentionOptions = AttentionOptions()
+    post_attn_norm: Any = None
+    post_mlp_norm: Any = None
 
     @staticmethod
     def init(config: ModelConfig, *, key: jax.Array) -> Block:
         ax = ModelAxes(config)
         ka, km = jax.random.split(key)
         mlp = MoeMlp.init(config, key=km) if config.is_moe else DenseMlp.init(config, key=km)
+        pre = config.pre_norms
+        post = config.post_norms
         return Block(
-            make_norm(config, ax.Embed),
+            make_norm(config, ax.Embed) if pre else None,
             make_attention(config, key=ka),
-            make_norm(config, ax.Embed),
+            make_norm(config, ax.Embed) if pre else None,
             mlp,
-            config.attention_query_block,
+            AttentionOptions.of(config),
+            post_attn_norm=make_norm(config, ax.Embed) if post else None,
+            post_mlp_norm=make_norm(config, ax.Embed) if post else None,
         )
 
     def __call__(
         self,
         x: hax.NamedArray,
-        mask: hax.NamedArray,
+        mask: MaskSpec,
         positions: hax.NamedArray,
         token_mask: hax.NamedArray | None,
         cache: LayerCache | None,
         cache_index: hax.NamedArray | None,
+        sliding: Any = True,
     ) -> tuple[hax.NamedArray, tuple[dict[str, jax.Array], LayerCache | None]]:
         # The residual stream is the scan's carry (what `save_carries` keeps per layer): pin
         # it to the mapping at both ends of the block so the saved carries are batch-sharded.
         x = constrain(x)
         h, new_cache = attend(
             self.attn,
-            self.attn_norm(x),
+            x if self.attn_norm is None else self.attn_norm(x),
             positions=positions,
             mask=mask,
             cache=cache,
             cache_index=cache_index,
-            query_block=self.query_block,
+            options=self.attn_options,
+            sliding=sliding.array if isinstance(sliding, hax.NamedArray) else sliding,
         )
+        if self.post_attn_norm is not None:
+            h = self.post_attn_norm(h)
         x = constrain(x + h)
-        h = self.mlp_norm(x)
+        h = x if self.mlp_norm is None else self.mlp_norm(x)
         if isinstance(self.mlp, MoeMlp):
             h, stats = self.mlp(h, token_mask=token_mask)
         else:
             h, stats = self.mlp(h), {}
+        if self.post_mlp_norm is not None:
+            h = self.post_mlp_norm(h)
         return constrain(x + h), (stats, new_cache)
 
 
@@ -189,22 +207,39 @@ class Transformer(eqx.Module):
             x = x + self.pos_embed.embed(positions)
         return constrain(x)
 
+    def _sliding(self, layer: int | None = None) -> Any:
+        """Whether the sliding window applies: a bool when every layer agrees, else a flag per
+        layer (a NamedArray over `layers`, sliced by the layer scan), or layer `layer`'s."""
+        flags = self.config.sliding_layers
+        if all(flags) or not any(flags):
+            return bool(flags[0])
+        if layer is not None:
+            return flags[layer]
+        return hax.named(jnp.asarray(flags), (ModelAxes(self.config).Layers,))
+
     def _run_blocks(
         self,
         x: hax.NamedArray,
-        mask: hax.NamedArray,
+        mask: MaskSpec,
         positions: hax.NamedArray,
         token_mask: hax.NamedArray | None = None,
         cache: LayerCache | None = None,
         cache_index: hax.NamedArray | None = None,
     ) -> tuple[hax.NamedArray, dict[str, jax.Array], LayerCache | None]:
-        x, (stats, new_cache) = self.blocks.scan(x, mask, positions, token_mask, cache, cache_index)
+        x, (stats, new_cache) = self.blocks.scan(
+            x, mask, positions, token_mask, cache, cache_index, self._sliding()
+        )
         return self.final_norm(x), stats, new_cache
 
     def _project(self, hidden: hax.NamedArray) -> hax.NamedArray:
         if self.lm_head is None:
-            return constrain(self.embed.unembed(hidden))
-        return constrain(self.lm_head(hidden))
+            logits = self.embed.unembed(hidden)
+        else:
+            logits = self.lm_head(hidden)
+        cap = self.config.final_logit_softcap
+        if cap is not None:  # Gemma 2: cap * tanh(logits / cap)
+            logits = hax.named(jnp.tanh(logits.array / cap) * cap, logits.axes)
+        return constrain(logits)
 
     def _hidden(
         self,
@@ -213,12 +248,10 @@ class Transformer(eqx.Module):
         positions: Tokens | None,
     ) -> tuple[hax.NamedArray, dict[str, jax.Array]]:
         Pos = tokens.resolve_axis(POSITION)  # noqa: N806
-        KPos = Pos.alias(KEY_POSITION)  # noqa: N806
-        mask = hnn.AttentionMask.causal()
         seg = None
         if segment_ids is not None:
             seg = as_tokens(segment_ids, "segment_ids")[0].broadcast_to(tokens.axes)
-            mask = mask.with_segment_ids(seg)
+        mask = MaskSpec.self_attention(Pos, seg)
         if positions is not None:
             pos = as_tokens(positions, "positions")[0].broadcast_to(tokens.axes)
         elif seg is not None:
@@ -227,7 +260,7 @@ class Transformer(eqx.Module):
             pos = hax.arange(Pos)
         x = self._embed(tokens, pos)
         token_mask = None if seg is None else seg >= 0
-        hidden, stats, _ = self._run_blocks(x, mask.materialize(Pos, KPos), pos, token_mask)
+        hidden, stats, _ = self._run_blocks(x, mask, pos, token_mask)
         return hidden, stats
 
     def __call__(
@@ -410,9 +443,7 @@ class Transformer(eqx.Module):
         stacked = isinstance(cache, LayerCache)
         KPos = (cache if stacked else cache[0]).k.resolve_axis(KEY_POSITION)  # noqa: N806
         index = hax.named(jnp.asarray(cache_index, jnp.int32), ())
-        q_slot = hax.arange(Pos) + index.array
-        causal = q_slot.broadcast_axis(KPos) >= hax.arange(KPos)
-        mask = causal & kv_valid
+        mask = MaskSpec.cached(Pos, KPos, index.array, kv_valid)
         x = self._embed(tokens, positions)
         if stacked:
             hidden, _, new_cache = self._run_blocks(x, mask, positions, None, cache, index)
@@ -421,7 +452,7 @@ class Transformer(eqx.Module):
         new_caches = []
         for i, layer_cache in enumerate(cache):
             x, (_, layer_cache) = self.blocks.get_layer(i)(
-                x, mask, positions, None, layer_cache, index
+                x, mask, positions, None, layer_cache, index, self._sliding(i)
             )
             new_caches.append(layer_cache)
         return self._project(self.final_norm(x)), tuple(new_caches)

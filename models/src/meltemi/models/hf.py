@@ -35,7 +35,7 @@ import jax
 import numpy as np
 
 import meltemi.haliax as hax
-from meltemi.models import _hf_keys, _hf_stream
+from meltemi.models import _hf_keys, _hf_stream, _storage, lora
 from meltemi.models._config import ConfigError, ModelConfig
 from meltemi.models._hf_config import from_hf_config, to_hf_config
 from meltemi.models._safetensors import DEFAULT_SHARD_BYTES, Checkpoint, write_sharded
@@ -120,17 +120,40 @@ def _read_json(path: pathlib.Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not valid JSON: {e}") from e
 
 
+def _generation_eos(directory: pathlib.Path) -> tuple[bool, int | tuple[int, ...] | None]:
+    """`(present, ids)`: the eos id(s) of `generation_config.json`, where generation reads
+    them (it may list several where config.json has one)."""
+    path = directory / "generation_config.json"
+    if not path.exists():
+        return False, None
+    gen = _read_json(path)
+    if gen.get("eos_token_id") is None:
+        return False, None
+    eos = gen["eos_token_id"]
+    ids = [eos] if isinstance(eos, int) else eos
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        raise CheckpointError(f"{path}: eos_token_id={eos!r} is not an id or a list of ids")
+    return True, (tuple(ids) if len(ids) > 1 else ids[0] if ids else None)
+
+
 def load_config(directory: str | os.PathLike) -> ModelConfig:
     """The `ModelConfig` of a checkpoint directory (`meltemi_config.json` if it agrees with
-    `config.json`, else `config.json`)."""
-    directory = pathlib.Path(directory)
+    `config.json`, else `config.json`), with the eos id(s) of `generation_config.json` when
+    it has them (transformers' `generate` stops on those)."""
+    directory = _storage.as_path(directory)
     config = from_hf_config(_read_json(directory / "config.json"))
     ours = directory / MELTEMI_CONFIG
     if ours.exists():
         full = ModelConfig.from_dict(_read_json(ours))
         if from_hf_config(to_hf_config(full)) == config:
-            return full
-        logger.warning("%s disagrees with config.json (edited by hand?); using config.json", ours)
+            config = full
+        else:
+            logger.warning(
+                "%s disagrees with config.json (edited by hand?); using config.json", ours
+            )
+    present, eos = _generation_eos(directory)
+    if present and eos != config.eos_token_id:
+        config = config.replace(eos_token_id=eos)
     return config
 
 
@@ -140,6 +163,31 @@ def _key_map(keys: list[str], config: ModelConfig) -> dict[str, str]:
     if config.family == "gpt2" and "transformer.wte.weight" not in keys and "wte.weight" in keys:
         return {k: (k if k.startswith("lm_head.") else "transformer." + k) for k in keys}
     return {k: k for k in keys}
+
+
+def _is_tied_copy(ckpt: Checkpoint, present: dict[str, str], key: str, config: ModelConfig) -> bool:
+    """Whether `key` is the `lm_head.weight` a tied checkpoint also stores (some exporters
+    write both). It must equal the embedding, compared in blocks of rows; else an error."""
+    embed = _hf_keys.embedding_key(config)
+    if not (config.tie_embeddings and key == "lm_head.weight" and embed in present):
+        return False
+    head_info, embed_info = ckpt.tensors[present[key]], ckpt.tensors[present[embed]]
+    if head_info.shape != embed_info.shape:
+        raise CheckpointError(
+            f"{ckpt.directory}: the config ties the embeddings, but the checkpoint's "
+            f"{key} has shape {head_info.shape} and {embed} {embed_info.shape}; set "
+            "tie_word_embeddings=false in config.json if the head is separate"
+        )
+    rows = embed_info.shape[0]
+    for start in range(0, rows, 8192):
+        block = (slice(start, min(start + 8192, rows)),)
+        if not np.array_equal(ckpt.read(present[key], block), ckpt.read(present[embed], block)):
+            raise CheckpointError(
+                f"{ckpt.directory}: the config ties the embeddings, but the checkpoint's {key} "
+                f"differs from {embed} (rows from {start}); loading would drop a trained head. "
+                "Set tie_word_embeddings=false in config.json to load it as a separate head"
+            )
+    return True
 
 
 def _sharding_of(mesh: Any, mapping: Any) -> _hf_stream.ShardingOf:
@@ -180,7 +228,12 @@ def _load_into(
     renamed = _key_map(list(ckpt), config)
     present = {name: k for k, name in renamed.items()}  # model's name -> checkpoint key
     expected = set(_hf_keys.expected_keys(config))
-    ignored = sorted(k for k in present if k not in expected and _hf_keys.is_ignorable(k, config))
+    ignored = sorted(
+        k
+        for k in present
+        if k not in expected
+        and (_hf_keys.is_ignorable(k, config) or _is_tied_copy(ckpt, present, k, config))
+    )
     unexpected = sorted(k for k in present if k not in expected and k not in ignored)
     if strict:
         missing = [k for k in _hf_keys.expected_keys(config) if k not in present]
@@ -251,7 +304,7 @@ def load(
         CheckpointError: a tensor is missing or unexpected (use `warm_start` to load across
             architectures), naming every such key.
     """
-    directory = pathlib.Path(directory)
+    directory = _storage.as_path(directory)
     config = config or load_config(directory)
     model, _ = _load_into(
         config,
@@ -286,7 +339,7 @@ def warm_start(
     Returns:
         `(model, report)`.
     """
-    directory = pathlib.Path(directory)
+    directory = _storage.as_path(directory)
     model, report = _load_into(
         config, directory, dtype=dtype, init_missing_norms=True, key=key, strict=False
     )
@@ -352,6 +405,11 @@ def _save_tokenizer(tokenizer: Any, directory: pathlib.Path) -> list[str]:
     src = pathlib.Path(tokenizer)
     written = []
     for name in _TOKENIZER_FILES:
+        if _storage.is_url(directory):  # object storage: no copy2, no resolve
+            if (src / name).exists():
+                (directory / name).write_bytes((src / name).read_bytes())
+                written.append(name)
+            continue
         if (src / name).exists() and src.resolve() != directory.resolve():
             shutil.copy2(src / name, directory / name)
             written.append(name)
@@ -396,19 +454,31 @@ def save(
     Returns:
         The names of the files written.
     """
-    directory = pathlib.Path(directory)
+    directory = _storage.as_path(directory)
     config = config or model.config
+    if lora.is_lora(model):
+        raise CheckpointError(
+            "hf.save: the model has LoRA adapters, which a Hugging Face checkpoint has no place "
+            "for; save hf.save(lora.merge(model), ...) (merged) or lora.save_peft(model, dir) "
+            "(the adapter alone, for peft)"
+        )
     if _architecture(config) != _architecture(model.config):
         raise ConfigError(
             "save(model, config, ...): config describes a different architecture than "
             f"model.config ({config.family} vs {model.config.family}, or different sizes); "
             "pass config=None to use model.config"
         )
-    directory.mkdir(parents=True, exist_ok=True)
+    # Multi-process: every process produces every tensor (each contributes its pieces to the
+    # gathers), only process 0 writes files.
+    writer = jax.process_index() == 0
+    if writer:
+        directory.mkdir(parents=True, exist_ok=True)
     eos = config.eos_token_id
     written: list[str] = []
     if tokenizer is not None:
         tok_eos = eos_token_id_of(tokenizer)
+        if tok_eos is not None and tok_eos in config.eos_ids:
+            tok_eos = eos  # the config's list already stops on the tokenizer's eos
         if tok_eos is not None and tok_eos != eos:
             logger.warning(
                 "eos_token_id: the tokenizer says %s, the model config says %s; writing the "
@@ -417,29 +487,33 @@ def save(
                 eos,
             )
         eos = tok_eos if tok_eos is not None else eos
-        written += _save_tokenizer(tokenizer, directory)
-    if eos is not None and not 0 <= eos < config.vocab_size:
-        raise ConfigError(
-            f"eos_token_id={eos} is outside the vocabulary (size {config.vocab_size}); "
-            "generation would never stop. Pass the tokenizer the model was trained with"
-        )
+        written += _save_tokenizer(tokenizer, directory) if writer else []
     saved_config = config.replace(eos_token_id=eos)
+    for eos_id in saved_config.eos_ids:
+        if not 0 <= eos_id < config.vocab_size:
+            raise ConfigError(
+                f"eos_token_id={eos_id} is outside the vocabulary (size {config.vocab_size}); "
+                "generation would never stop. Pass the tokenizer the model was trained with"
+            )
+    eos = saved_config.eos_token_id
     hf_config = to_hf_config(saved_config)
     # The dtype the tensors are stored in: `dtype`, else the model's own.
     hf_config["dtype"] = np.dtype(dtype or model.embed.weight.dtype).name
     hf_config["torch_dtype"] = hf_config["dtype"]  # the key transformers < 5 reads
-    (directory / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-    (directory / MELTEMI_CONFIG).write_text(json.dumps(saved_config.to_dict(), indent=2) + "\n")
+    if writer:
+        (directory / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+        (directory / MELTEMI_CONFIG).write_text(json.dumps(saved_config.to_dict(), indent=2) + "\n")
     generation = {"_from_model_config": False, "bos_token_id": config.bos_token_id}
-    if eos is not None:
-        generation["eos_token_id"] = eos
-    (directory / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    if eos is not None:  # one id, or the list generation stops on
+        generation["eos_token_id"] = list(eos) if isinstance(eos, tuple) else eos
+    if writer:
+        (directory / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     written += ["config.json", MELTEMI_CONFIG, "generation_config.json"]
     shards = write_sharded(
         directory,
         _hf_stream.pending_tensors(model, dtype),
         max_shard_bytes=max_shard_bytes,
-        write=jax.process_index() == 0,
+        write=writer,
     )
     written += [*shards, "model.safetensors.index.json"]
     return written

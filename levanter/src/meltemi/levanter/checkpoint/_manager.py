@@ -13,6 +13,11 @@ disk; the manifest is written after that rename, so a checkpoint without a manif
 `verify="checksums"`, every array's checksum, computed on the devices when the save starts and
 checked on the devices after the restore (`_checksum.py`): a file altered later is detected
 without reading any file twice, and the previous checkpoint is used instead, with a warning.
+
+The directory may be local or a `gs://` URL: paths are `etils.epath` paths (what orbax uses),
+so orbax's metadata and the manifest go through fsspec (`gcsfs`) and the arrays through
+tensorstore's own GCS driver. On GCS orbax commits a step with `commit_success.txt` files
+instead of a rename; the manifest is still written last, as one object (atomic on GCS).
 """
 
 from __future__ import annotations
@@ -22,18 +27,18 @@ import hashlib
 import json
 import logging
 import os
-import pathlib
 import re
-import shutil
 import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import fsspec
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 from jax.experimental import multihost_utils
 
 from meltemi.levanter.checkpoint._checksum import checksums, fetch
@@ -53,14 +58,24 @@ class CorruptCheckpointWarning(UserWarning):
     """A checkpoint was torn or corrupt and an earlier one is used instead."""
 
 
-def step_dir(directory: str | os.PathLike, step: int) -> pathlib.Path:
+def is_url(path: str | os.PathLike) -> bool:
+    """Whether `path` is an object-store URL (`gs://bucket/dir`) rather than a local path."""
+    return "://" in os.fspath(path)
+
+
+def as_path(path: str | os.PathLike) -> epath.Path:
+    """`path` as an `epath.Path` (local paths made absolute; `gs://` URLs kept as they are)."""
+    return epath.Path(path) if is_url(path) else epath.Path(os.path.abspath(path))
+
+
+def step_dir(directory: str | os.PathLike, step: int) -> epath.Path:
     """The directory of the checkpoint taken after `step` steps.
 
     Example:
         >>> step_dir("/tmp/run/checkpoints", 42).name
         'step_00000042'
     """
-    return pathlib.Path(directory) / f"step_{step:08d}"
+    return as_path(directory) / f"step_{step:08d}"
 
 
 def flatten_state(tree: Any) -> dict[str, Any]:
@@ -95,7 +110,7 @@ class _CorruptArrays(Exception):
 VERIFY_MODES = ("sizes", "checksums")
 
 
-def _hash(path: pathlib.Path) -> str:  # manifests written before checksums recorded SHA-256
+def _hash(path: epath.Path) -> str:  # manifests written before checksums recorded SHA-256
     h = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -103,21 +118,51 @@ def _hash(path: pathlib.Path) -> str:  # manifests written before checksums reco
     return h.hexdigest()
 
 
-def _files(root: pathlib.Path) -> list[pathlib.Path]:
-    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
+def _sizes(root: epath.Path) -> dict[str, int]:
+    """Size of every file under `root` by its relative name: one listing (one request on an
+    object store), not a `stat` per file."""
+    fs, base = fsspec.core.url_to_fs(os.fspath(root))
+    base = base.rstrip("/")
+    try:
+        found = fs.find(base, detail=True)
+    except FileNotFoundError:
+        return {}
+    return {
+        name[len(base) + 1 :]: int(info["size"])
+        for name, info in found.items()
+        if info.get("type", "file") == "file" and name.startswith(base + "/")
+    }
 
 
-def _write_manifest(root: pathlib.Path, step: int, kind: str, arrays: dict) -> None:
-    files = {str(p.relative_to(root)): {"size": p.stat().st_size} for p in _files(root)}
+def _write_json(path: epath.Path, obj: dict) -> None:
+    """Writes `obj` so that readers never see half of it: one object on an object store
+    (whose writes are atomic), a temporary file renamed over `path` on a local disk."""
+    text = json.dumps(obj, indent=1, sort_keys=True)
+    if is_url(path):
+        path.write_text(text)
+        return
+    tmp = path.parent / (path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _rmtree(path: epath.Path) -> None:
+    try:
+        path.rmtree(missing_ok=True)
+    except OSError:
+        pass
+
+
+def _write_manifest(root: epath.Path, step: int, kind: str, arrays: dict) -> None:
+    files = {name: {"size": size} for name, size in sorted(_sizes(root).items())
+             if name != MANIFEST}  # fmt: skip
     manifest = {"step": step, "kind": kind, "time": time.time(), "files": files, "arrays": arrays}
-    tmp = root / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    os.replace(tmp, root / MANIFEST)
+    _write_json(root / MANIFEST, manifest)
 
 
 def read_manifest(root: str | os.PathLike) -> dict | None:
     """The completion manifest of a checkpoint directory, or None if it is torn."""
-    path = pathlib.Path(root) / MANIFEST
+    path = as_path(root) / MANIFEST
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -130,16 +175,17 @@ def verify_checkpoint(root: str | os.PathLike) -> str | None:
     Cheap: reads the manifest and `stat`s every file (array checksums are checked when the
     arrays are restored). Manifests of older versions may list a file's SHA-256: it is checked.
     """
-    root = pathlib.Path(root)
+    root = as_path(root)
     manifest = read_manifest(root)
     if manifest is None:
         return f"{root} has no readable {MANIFEST} (the save did not complete)"
+    sizes = _sizes(root)
     for name, entry in manifest["files"].items():
         path = root / name
-        if not path.is_file():
+        if name not in sizes:
             return f"{path} is missing"
-        if path.stat().st_size != entry["size"]:
-            return f"{path} has {path.stat().st_size} bytes, the manifest says {entry['size']}"
+        if sizes[name] != entry["size"]:
+            return f"{path} has {sizes[name]} bytes, the manifest says {entry['size']}"
         if "sha256" in entry and _hash(path) != entry["sha256"]:
             return f"{path} does not match its SHA-256 in the manifest"
     return None
@@ -195,6 +241,35 @@ def broadcast_from_process_0(flag: bool) -> bool:
     if jax.process_count() == 1:
         return bool(flag)
     return bool(multihost_utils.broadcast_one_to_all(np.int32(bool(flag))))
+
+
+def release_orbax_threads() -> int:
+    """Lets the commit threads of a failed orbax save end now; returns how many there were.
+
+    Orbax's async save starts non-daemon `_SignalingThread`s that wait for the
+    `step_directory_creation` signal before writing. When the save fails before that signal is
+    sent (an unwritable directory, a full disk), nothing ever sends it: they wait for the
+    coordination timeout (minutes) and keep the process alive after `main` returns. Each is
+    cancelled and then sent the signals it waits for, so it wakes, sees the cancellation and
+    returns without writing. Orbax has no public call for this (0.12.8); if its internals
+    change, this finds no thread and does nothing.
+    """
+    try:
+        from orbax.checkpoint._src.futures import future as ocp_future
+    except ImportError:
+        return 0
+    signaling = getattr(ocp_future, "_SignalingThread", None)
+    released = 0
+    for thread in threading.enumerate():
+        if signaling is None or not isinstance(thread, signaling) or not thread.is_alive():
+            continue
+        thread.cancel()
+        signals = getattr(thread, "_receive_signals", ())
+        operation = getattr(thread, "_operation_id", None)
+        if signals and operation is not None:
+            ocp_future.set_signals(signals, operation_id=operation)
+        released += 1
+    return released
 
 
 def _one_line(error: BaseException) -> str:
@@ -253,7 +328,7 @@ class Checkpointer:
                 f'checkpoint.verify={verify!r} is not one of {VERIFY_MODES}; use "checksums" '
                 f'(array checksums on the devices) or "sizes" (file sizes only)'
             )
-        self.directory = pathlib.Path(directory).absolute()
+        self.directory = as_path(directory)
         self.policy = policy
         self.verify = verify
         self._clock = clock
@@ -285,7 +360,7 @@ class Checkpointer:
         # Orbax writes into `<step dir>.orbax-checkpoint-tmp-*` and renames on commit; such
         # directories left behind belong to saves killed midway.
         for path in self.directory.glob("step_*.orbax-checkpoint-tmp*"):
-            shutil.rmtree(path, ignore_errors=True)
+            _rmtree(path)
 
     # -- saving -------------------------------------------------------------------------------
 
@@ -323,7 +398,7 @@ class Checkpointer:
                     self._retag(root, kind)
                 return
             if self._primary:
-                shutil.rmtree(root)
+                _rmtree(root)
         flat = flatten_state(state)
         arrays = {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in flat.items()}
         # Dispatched before the arrays can be donated to the next step; fetched in the
@@ -348,7 +423,7 @@ class Checkpointer:
         self._finisher.start()
 
     def _finish(
-        self, root: pathlib.Path, step: int, kind: str, arrays: dict, sums: dict | None
+        self, root: epath.Path, step: int, kind: str, arrays: dict, sums: dict | None
     ) -> None:
         try:
             if sums is not None:
@@ -366,12 +441,13 @@ class Checkpointer:
         if self._primary:
             self._prune(keep=step)  # only after this step is complete
 
-    def _discard(self, root: pathlib.Path) -> None:
+    def _discard(self, root: epath.Path) -> None:
+        release_orbax_threads()
         if not self._primary:
             return
-        shutil.rmtree(root, ignore_errors=True)
+        _rmtree(root)
         for tmp in self.directory.glob(f"{root.name}.orbax-checkpoint-tmp*"):
-            shutil.rmtree(tmp, ignore_errors=True)
+            _rmtree(tmp)
 
     def _failure(self, step: int, error: BaseException) -> CheckpointError:
         previous = self.complete_steps() if self._primary else []
@@ -381,12 +457,10 @@ class Checkpointer:
             f"{_one_line(error)} ({kept}; free space or fix the directory's permissions)"
         )
 
-    def _retag(self, root: pathlib.Path, kind: str) -> None:
+    def _retag(self, root: epath.Path, kind: str) -> None:
         manifest = read_manifest(root)
         manifest["kind"] = kind
-        tmp = root / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
-        os.replace(tmp, root / MANIFEST)
+        _write_json(root / MANIFEST, manifest)
 
     def _prune(self, keep: int) -> None:
         for step in self.all_steps():
@@ -394,7 +468,7 @@ class Checkpointer:
                 continue
             manifest = read_manifest(step_dir(self.directory, step))
             if manifest is not None and manifest["kind"] == "temporary" and step < keep:
-                shutil.rmtree(step_dir(self.directory, step), ignore_errors=True)
+                _rmtree(step_dir(self.directory, step))
 
     def _join(self) -> None:
         if self._finisher is not None:
@@ -421,7 +495,8 @@ class Checkpointer:
         """Steps with a checkpoint directory (complete or not), ascending."""
         if not self.directory.is_dir():
             return []
-        steps = [_STEP_DIR.match(p.name) for p in self.directory.iterdir() if p.is_dir()]
+        # Names only (one listing; no request per entry on an object store).
+        steps = [_STEP_DIR.match(p.name) for p in self.directory.iterdir()]
         return sorted(int(m.group(1)) for m in steps if m)
 
     def complete_steps(self) -> list[int]:
@@ -481,7 +556,7 @@ class Checkpointer:
             f"no intact checkpoint under {self.directory}: " + "; ".join(problems)
         )
 
-    def _restore_dir(self, root: pathlib.Path, template: Any) -> Any:
+    def _restore_dir(self, root: epath.Path, template: Any) -> Any:
         flat = flatten_state(template)
         saved = read_manifest(root)["arrays"]
         if set(saved) != set(flat):
@@ -520,7 +595,7 @@ def restore_arrays(root: str | os.PathLike, wanted: Mapping[str, Any]) -> dict:
     Names absent from the checkpoint are left out of the result: callers (warm start)
     initialise and report them. Each array lands on its template's sharding.
     """
-    root = pathlib.Path(root)
+    root = as_path(root)
     problem = verify_checkpoint(root)
     if problem is not None:
         raise CheckpointError(f"cannot warm start from {root}: {problem}")
@@ -551,7 +626,7 @@ def restore_arrays(root: str | os.PathLike, wanted: Mapping[str, Any]) -> dict:
     return restored
 
 
-def _check_arrays(root: pathlib.Path, saved: Mapping[str, dict], arrays: Mapping) -> None:
+def _check_arrays(root: epath.Path, saved: Mapping[str, dict], arrays: Mapping) -> None:
     """Raises `_CorruptArrays` if a restored array differs from its checksum in the manifest."""
     expected = {k: saved[k]["checksum"] for k in arrays if "checksum" in saved.get(k, {})}
     if not expected:

@@ -31,6 +31,14 @@ def _model_section() -> ml_collections.ConfigDict:
     # A Hugging Face checkpoint directory: the model's config and initial weights (instead
     # of model.preset and a random initialisation); other model.* keys still apply.
     section.init_from_hf = ""
+    # LoRA (meltemi.models.lora): rank 0 is off; rank > 0 trains only adapters on
+    # model.lora.targets (module names such as "q_proj", groups "attn"/"mlp", or "all-linear"),
+    # scaled by alpha / rank, with dropout on their input.
+    section.lora = ml_collections.ConfigDict()
+    section.lora.rank = 0
+    section.lora.alpha = 16.0
+    section.lora.dropout = 0.0
+    section.lora.targets = FieldReference(("q_proj", "v_proj"), field_type=object)
     return section
 
 
@@ -87,6 +95,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval.every_steps = 0
     c.eval.num_batches = 4
     c.eval.batch_size = 8
+    # lm-evaluation-harness tasks (lm-eval names, or YAML tasks in levanter/harness_tasks and
+    # eval.harness_include_path) run every eval.harness_every_steps steps and logged as
+    # harness/<task>/<metric>; needs the `harness` extra (lm-eval). (): none.
+    c.eval.harness_tasks = FieldReference((), field_type=object)
+    c.eval.harness_every_steps = 0
+    # Documents per harness task (0: all of them).
+    c.eval.harness_limit = 0
+    c.eval.harness_include_path = FieldReference((), field_type=object)
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.enabled = True
@@ -102,9 +118,16 @@ def base_config() -> ml_collections.ConfigDict:
     c.checkpoint.verify = "checksums"
     # Warm start: a checkpoint directory whose parameters initialise a fresh run.
     c.checkpoint.init_from = ""
+    # With every checkpoint, also a Hugging Face checkpoint in <run_dir>/hf/step_XXXXXXXX/
+    # (config.json + safetensors; transformers loads it). --export_hf=DIR: the final one only.
+    c.checkpoint.export_hf = False
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.num_slices = 1
+    # Elastic multislice: the fewest slices the job keeps training on when slices are lost
+    # (it grows back to num_slices as replacements join). 0: num_slices (a lost slice is
+    # waited for).
+    c.mesh.min_slices = 0
     c.mesh.ici = ml_collections.ConfigDict({a: (-1 if a == "data" else 1) for a in MESH_AXES})
     c.mesh.dcn = ml_collections.ConfigDict({a: (-1 if a == "data" else 1) for a in MESH_AXES})
 
@@ -138,6 +161,10 @@ def base_config() -> ml_collections.ConfigDict:
     # Empty: ~/.cache/meltemi/data (or $MELTEMI_CACHE/data).
     c.data.cache_dir = ""
     c.data.shuffle_seed = 0
+    # How documents become rows (meltemi.data.PACKINGS): "stream" concatenates and cuts every
+    # seq_len tokens; "whole_documents" never splits a document shorter than seq_len (rows are
+    # padded; padding is loss-masked and its share logged as data/padding_fraction).
+    c.data.packing = "stream"
 
     c.logging = ml_collections.ConfigDict()
     c.logging.tensorboard = False

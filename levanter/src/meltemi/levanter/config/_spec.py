@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import pathlib
 import re
 from collections.abc import Mapping
 from typing import Any
 
+import fsspec
 import ml_collections
+from etils import epath
 
 import meltemi.models as mm
 from meltemi import data as md
@@ -35,7 +38,14 @@ _FLOAT16 = ("float16", "fp16", "f16", "half")
 SOURCES = ("stdlib", "files", "mixture")
 WANDB_MODES = ("online", "offline", "disabled")
 # model.* keys that are not ModelConfig fields of the same name.
-_MODEL_SPECIAL = ("preset", "rope_theta", "num_experts", "num_experts_per_token", "init_from_hf")
+_MODEL_SPECIAL = (
+    "preset",
+    "rope_theta",
+    "num_experts",
+    "num_experts_per_token",
+    "init_from_hf",
+    "lora",
+)
 
 
 class BuildError(ConfigError):
@@ -77,11 +87,23 @@ class EvalSpec:
     every_steps: int
     num_batches: int
     batch_size: int
+    #: lm-evaluation-harness tasks run every `harness_every_steps` steps (() and 0: none).
+    harness_tasks: tuple[str, ...] = ()
+    harness_every_steps: int = 0
+    #: Documents per harness task (0: all).
+    harness_limit: int = 0
+    #: More directories of YAML task definitions.
+    harness_include_path: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointSpec:
-    """`checkpoint.*`: when to save, what to keep, how to verify, where to warm start from."""
+    """`checkpoint.*`: when to save, what to keep, how to verify, where to warm start from.
+
+    Attributes:
+        export_hf: with every checkpoint, also write the parameters as a Hugging Face
+            checkpoint in `<run_dir>/hf/step_XXXXXXXX/` (`meltemi.models.hf.save`).
+    """
 
     enabled: bool
     save_every_steps: int
@@ -90,6 +112,7 @@ class CheckpointSpec:
     async_save: bool
     verify: str
     init_from: str
+    export_hf: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +122,8 @@ class MeshSpec:
     ici: tuple[tuple[str, int], ...]
     dcn: tuple[tuple[str, int], ...]
     num_slices: int
+    #: Elastic multislice: the fewest slices the job trains on (== num_slices: not elastic).
+    min_slices: int = 0
 
     @property
     def ici_sizes(self) -> dict[str, int]:
@@ -129,6 +154,9 @@ class DataSpec:
         validation: evaluation sources by the name their metrics carry.
         mixture: the checked mixture (`data.source == "mixture"`), else None.
         cache_dir: where token stores are cached.
+        packing: how documents become rows, one of `meltemi.data.PACKINGS`: "stream"
+            (concatenate and cut every `seq_len` tokens; no padding) or "whole_documents"
+            (a document shorter than `seq_len` never straddles two rows; pad, loss-masked).
     """
 
     source: str
@@ -141,6 +169,7 @@ class DataSpec:
     seq_len: int
     cache_dir: pathlib.Path
     shuffle_seed: int
+    packing: str = "stream"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +188,8 @@ class RunSpec:
 
     Attributes:
         name: the run's name (`runs/<name>` by default).
-        run_dir: the absolute run directory.
+        run_dir: the absolute run directory: a `pathlib.Path`, or an `etils.epath.Path` for a
+            `gs://bucket/dir` run directory (see `resolve_run_dir`).
         model: the model to train (the preset with every `model.*` key and the tokenizer's
             vocabulary applied).
         preset: the `model.preset` it started from.
@@ -172,7 +202,7 @@ class RunSpec:
     """
 
     name: str
-    run_dir: pathlib.Path
+    run_dir: pathlib.Path | epath.Path
     trainer: TrainerSpec
     eval: EvalSpec
     checkpoint: CheckpointSpec
@@ -185,30 +215,56 @@ class RunSpec:
     init_from_hf: str
     tokenizer: md.Tokenizer = dataclasses.field(compare=False, repr=False)
     resolved: ResolvedConfig = dataclasses.field(compare=False, repr=False)
+    lora: mm.lora.LoraConfig = dataclasses.field(default_factory=mm.lora.LoraConfig)
 
     def to_json(self) -> str:
         """The config and its provenance, as saved in the run dir and every checkpoint."""
         return self.resolved.to_json()
 
 
-def resolve_run_dir(name: str, run_dir: str) -> pathlib.Path:
+def resolve_run_dir(name: str, run_dir: str) -> pathlib.Path | epath.Path:
     """`run_dir`, or `runs/<name>`, relative to the directory the user started from.
 
     Under `bazel run` the working directory is the runfiles tree, so relative paths are
-    taken against `$BUILD_WORKING_DIRECTORY` instead.
+    taken against `$BUILD_WORKING_DIRECTORY` instead. A `gs://bucket/dir` URL is an
+    `etils.epath.Path` (what orbax writes through).
+
+    Raises:
+        ConfigError: another scheme (`s3://`: orbax writes checkpoint arrays to local paths
+            and `gs://` only), or `gs://` without `gcsfs` installed.
     """
     text = run_dir or os.path.join("runs", name)
-    if re.match(r"^[a-z][a-z0-9+.-]*://", text):
-        # pathlib would make `gs://bucket/run` a local directory `gs:/bucket/run`.
-        raise ConfigError(
-            f"run_dir={text!r}: object storage is not supported as a run directory yet (the "
-            f"metrics writer and checkpoints need a local or mounted path); use a local path "
-            f"or a gcsfuse/s3fs mount, e.g. --config.run_dir=/mnt/bucket/run."
-        )
+    scheme = re.match(r"^([a-z][a-z0-9+.-]*)://", text)
+    if scheme:
+        return _object_store_dir(text, scheme.group(1))
     path = pathlib.Path(text).expanduser()
     if not path.is_absolute():
         path = pathlib.Path(os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()) / path
     return path
+
+
+def _object_store_dir(text: str, scheme: str) -> epath.Path:
+    """A `gs://bucket/dir` run directory, checked (pathlib would make it `gs:/bucket/dir`)."""
+    if scheme != "gs":
+        raise ConfigError(
+            f"run_dir={text!r}: only gs:// object storage is supported (orbax writes "
+            f"checkpoint arrays to gs:// through tensorstore, not to {scheme}://); use "
+            f"--config.run_dir=gs://BUCKET/DIR, or a local path or a mount of the bucket."
+        )
+    bucket = text[len("gs://") :].split("/", 1)[0]
+    if not bucket or not text[len("gs://") + len(bucket) :].strip("/"):
+        raise ConfigError(
+            f"run_dir={text!r}: name a directory inside the bucket, e.g. "
+            f"--config.run_dir=gs://{bucket or 'BUCKET'}/runs/NAME."
+        )
+    try:
+        fsspec.get_filesystem_class("gs")
+    except (ImportError, ValueError) as e:
+        raise ConfigError(
+            f"run_dir={text!r}: gs:// needs the gcsfs package (orbax's metadata and the run's "
+            f"metrics go through fsspec): {e}"
+        ) from None
+    return epath.Path(text.rstrip("/"))
 
 
 def default_cache_dir(cache_dir: str) -> pathlib.Path:
@@ -324,11 +380,56 @@ def _trainer(c: ml_collections.ConfigDict) -> TrainerSpec:
     )
 
 
+def _harness_tasks(value: Any) -> tuple[str, ...]:
+    key = "eval.harness_tasks"
+    if isinstance(value, str):
+        names = tuple(t.strip() for t in value.split(",") if t.strip())
+    elif isinstance(value, tuple | list) and all(isinstance(t, str) and t for t in value):
+        names = tuple(value)
+    else:
+        raise ConfigError(
+            f"{key}={value!r}: a tuple of lm-eval task names, e.g. "
+            f'--config.{key}="(\'meltemi_tiny_mc\',)" (or "task_a,task_b").'
+        )
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{key}={value!r}: a task is named twice; name each once.")
+    return names
+
+
 def _eval(c: ml_collections.ConfigDict) -> EvalSpec:
+    tasks = _harness_tasks(c.harness_tasks)
+    every = _int("eval.harness_every_steps", c.harness_every_steps, minimum=0, example=500)
+    limit = _int("eval.harness_limit", c.harness_limit, minimum=0, example=100)
+    include = _paths("eval.harness_include_path", c.harness_include_path)
+    if tasks and not every:
+        raise ConfigError(
+            f"eval.harness_tasks={tasks!r} needs eval.harness_every_steps (how often to run "
+            f"them), e.g. --config.eval.harness_every_steps=500."
+        )
+    for key, value, default in (
+        ("eval.harness_every_steps", every, 0),
+        ("eval.harness_limit", limit, 0),
+        ("eval.harness_include_path", include, ()),
+    ):
+        if value != default and not tasks:
+            raise InertKeyError(
+                f"{key}={value!r} has no effect without eval.harness_tasks; name the tasks, "
+                f"e.g. --config.eval.harness_tasks=\"('meltemi_tiny_mc',)\", or drop {key}."
+            )
+    for path in include:
+        if not pathlib.Path(path).expanduser().is_dir():
+            raise ConfigError(
+                f"eval.harness_include_path: {path!r} is not a directory (of lm-eval task YAML "
+                f"files); fix the path."
+            )
     return EvalSpec(
         every_steps=_int("eval.every_steps", c.every_steps, minimum=0, example=100),
         num_batches=_int("eval.num_batches", c.num_batches, minimum=0, example=4),
         batch_size=_int("eval.batch_size", c.batch_size, minimum=1, example=8),
+        harness_tasks=tasks,
+        harness_every_steps=every,
+        harness_limit=limit,
+        harness_include_path=include,
     )
 
 
@@ -349,7 +450,23 @@ def _checkpoint(c: ml_collections.ConfigDict) -> CheckpointSpec:
             "checkpoint.verify", {"sha256": "checksums"}.get(c.verify, c.verify), VERIFY_MODES
         ),  # "sha256" is the former name of "checksums"
         init_from=c.init_from,
+        export_hf=_export_hf(c),
     )
+
+
+def _export_hf(c: ml_collections.ConfigDict) -> bool:
+    if not isinstance(c.export_hf, bool):
+        raise ConfigError(
+            f"checkpoint.export_hf={c.export_hf!r}: true or false, e.g. "
+            f"--config.checkpoint.export_hf=true."
+        )
+    if c.export_hf and not c.enabled:
+        raise InertKeyError(
+            "checkpoint.export_hf=True has no effect while checkpoint.enabled=False (it exports "
+            "with every checkpoint); enable checkpoints, or export the final parameters with "
+            "--export_hf=DIR."
+        )
+    return c.export_hf
 
 
 def _mesh(c: ml_collections.ConfigDict) -> MeshSpec:
@@ -373,9 +490,57 @@ def _mesh(c: ml_collections.ConfigDict) -> MeshSpec:
             f"mesh.dcn: the fixed sizes multiply to {product}, which does not divide "
             f"mesh.num_slices={num_slices}."
         )
+    min_slices = _min_slices(c.min_slices, num_slices, product if -1 in dcn.values() else None)
     return MeshSpec(
-        tuple((a, ici[a]) for a in MESH_AXES), tuple((a, dcn[a]) for a in MESH_AXES), num_slices
+        tuple((a, ici[a]) for a in MESH_AXES),
+        tuple((a, dcn[a]) for a in MESH_AXES),
+        num_slices,
+        min_slices,
     )
+
+
+def _min_slices(value: Any, num_slices: int, fixed_dcn: int | None) -> int:
+    """`mesh.min_slices` checked against `mesh.num_slices` (0: num_slices, not elastic)."""
+    value = _int("mesh.min_slices", value, minimum=0, example=max(1, num_slices - 1))
+    if value == 0:
+        return num_slices
+    if value > num_slices:
+        raise ConfigError(
+            f"mesh.min_slices={value}: more than mesh.num_slices={num_slices}; the floor must "
+            f"be at most the target, e.g. --config.mesh.min_slices={max(1, num_slices - 1)}."
+        )
+    if value < num_slices and fixed_dcn is None:
+        raise ConfigError(
+            f"mesh.min_slices={value} < mesh.num_slices={num_slices}, but every mesh.dcn axis "
+            "has a fixed size, so the mesh cannot shrink; set one dcn axis to -1 "
+            "(e.g. --config.mesh.dcn.data=-1)."
+        )
+    bad = [n for n in range(value, num_slices + 1) if fixed_dcn and n % fixed_dcn]
+    if bad:
+        raise ConfigError(
+            f"mesh.min_slices={value}: the job may run on {bad[0]} slices, which the fixed "
+            f"mesh.dcn sizes (product {fixed_dcn}) do not divide; raise mesh.min_slices to "
+            f"a multiple of {fixed_dcn}."
+        )
+    return value
+
+
+def _check_elastic_batches(trainer: TrainerSpec, mesh: MeshSpec) -> None:
+    """Every batch size must split evenly over every slice count the job may run at."""
+    if mesh.min_slices == mesh.num_slices:
+        return
+    sizes = range(mesh.min_slices, mesh.num_slices + 1)
+    lcm = math.lcm(*sizes)
+    for _, size in trainer.batch_sizes.segments:
+        bad = next((n for n in sizes if size % n), None)
+        if bad is not None:
+            raise ConfigError(
+                f"trainer batch size {size} does not split over {bad} slices, and with "
+                f"mesh.min_slices={mesh.min_slices} .. mesh.num_slices={mesh.num_slices} the "
+                f"job may run on any of {list(sizes)}; use a multiple of {lcm} (e.g. "
+                f"--config.trainer.train_batch_size={lcm * max(1, round(size / lcm))}) or "
+                "raise mesh.min_slices."
+            )
 
 
 def make_tokenizer(name: str, bos: str | None = None, eos: str | None = None) -> md.Tokenizer:
@@ -455,6 +620,7 @@ def _data(config: ml_collections.ConfigDict) -> DataSpec:
         seq_len=_int("data.seq_len", c.seq_len, minimum=2, example=128),
         cache_dir=default_cache_dir(c.cache_dir),
         shuffle_seed=c.shuffle_seed,
+        packing=_choice("data.packing", c.packing, md.PACKINGS),
     )
 
 
@@ -544,6 +710,21 @@ def _hf_base(path: str, tokenizer: md.Tokenizer) -> mm.ModelConfig:
     return base
 
 
+def lora_config(c: ml_collections.ConfigDict, model: mm.ModelConfig) -> mm.lora.LoraConfig:
+    """`model.lora.*` as a `LoraConfig`, its targets checked against the model's layers."""
+    targets = c.targets
+    if isinstance(targets, list):
+        targets = tuple(targets)
+    try:
+        config = mm.lora.LoraConfig(rank=c.rank, alpha=c.alpha, dropout=c.dropout, targets=targets)
+        if config.enabled:
+            mm.lora.resolve_targets(model, config)
+    except mm.ConfigError as e:
+        text = re.sub(r"^LoraConfig\.", "model.lora.", str(e))
+        raise ConfigError(text.replace("LoraConfig.", "model.lora.")) from None
+    return config
+
+
 def optimizer_config(c: ml_collections.ConfigDict, total_steps: int) -> optim.OptimizerConfig:
     """`optimizer.*` as an `OptimizerConfig` (checked by building it); errors name the key."""
     fields = {f.name: f for f in dataclasses.fields(optim.OptimizerConfig)}
@@ -560,9 +741,9 @@ def optimizer_config(c: ml_collections.ConfigDict, total_steps: int) -> optim.Op
     values["total_steps"] = total_steps
     try:
         config = optim.OptimizerConfig(**values)
-        # The schedule's own checks; the chain is built by the trainer's plan (building it
-        # here would start the JAX backend before the dry run sets its device count).
-        optim.build_schedule(config)
+        # The whole chain, built as a check (and thrown away): building creates no JAX array,
+        # so the backend does not start before the dry run sets its device count.
+        optim.build_optimizer(config, total_steps=total_steps)
     except optim.OptimizerConfigError as e:
         raise optimizer_error(e) from None
     return config
@@ -609,6 +790,7 @@ def resolve(config: ResolvedConfig | ml_collections.ConfigDict) -> RunSpec:
     trainer = _trainer(c.trainer)
     data = _data(c)
     tokenizer = make_tokenizer(data.tokenizer, data.bos_token, data.eos_token)
+    model = model_config(c.model, tokenizer, data.seq_len)
     spec = RunSpec(
         name=c.name,
         run_dir=resolve_run_dir(c.name, c.run_dir),
@@ -616,15 +798,17 @@ def resolve(config: ResolvedConfig | ml_collections.ConfigDict) -> RunSpec:
         eval=_eval(c.eval),
         checkpoint=_checkpoint(c.checkpoint),
         mesh=_mesh(c.mesh),
-        model=model_config(c.model, tokenizer, data.seq_len),
+        model=model,
         preset=c.model.preset,
         init_from_hf=c.model.init_from_hf,
+        lora=lora_config(c.model.lora, model),
         optimizer=optimizer_config(c.optimizer, trainer.num_train_steps),
         data=data,
         logging=_logging(c.logging),
         tokenizer=tokenizer,
         resolved=resolved,
     )
+    _check_elastic_batches(spec.trainer, spec.mesh)
     return spec
 
 

@@ -91,6 +91,12 @@ def define_flags() -> None:
         "After training (or for a finished run), write the final parameters as a Hugging Face "
         "checkpoint in this directory (config.json + safetensors; transformers loads it).",
     )
+    flags.DEFINE_string(
+        "export_peft",
+        "",
+        "After training with model.lora.rank > 0, write the LoRA adapters in this directory "
+        "as a PEFT adapter (adapter_config.json + adapter_model.safetensors).",
+    )
     flags.DEFINE_float(
         "dry_run_hbm_gib",
         0.0,
@@ -147,6 +153,10 @@ def main(argv: Sequence[str]) -> int:
             directory = resolve_run_dir("", FLAGS.export_hf)  # relative to the user's cwd
             trainer.export_hf(directory)
             result.summary += f"\n  Hugging Face export: {display_path(directory)}"
+        if FLAGS.export_peft and not result.preempted:
+            directory = resolve_run_dir("", FLAGS.export_peft)
+            trainer.export_peft(directory)
+            result.summary += f"\n  PEFT adapter export: {display_path(directory)}"
     except (ConfigError, CheckpointError, md.StoreError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

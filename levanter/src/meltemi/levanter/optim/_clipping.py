@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from meltemi.levanter.optim._errors import OptimizerConfigError, check_window
@@ -46,11 +47,14 @@ def step_schedule(pairs: Sequence[tuple[int, float]]) -> Callable[[jax.Array], j
             f"step schedule {pairs!r} must be (start_step, value) pairs with strictly "
             f"increasing steps starting at 0, e.g. [(0, 1.0), (5000, 0.2)]"
         )
-    starts_arr = jnp.asarray(starts[1:], jnp.int32)
-    values = jnp.asarray([v for _, v in pairs], jnp.float32)
+    # Host constants: no JAX array exists (and no backend starts) until the schedule is called,
+    # so `resolve` can build the whole optimizer chain as a check before any device work.
+    starts_np = np.asarray(starts[1:], np.int32)
+    values_np = np.asarray([v for _, v in pairs], np.float32)
 
     def schedule(step: jax.Array) -> jax.Array:
-        return values[jnp.searchsorted(starts_arr, jnp.asarray(step, jnp.int32), side="right")]
+        index = jnp.searchsorted(starts_np, jnp.asarray(step, jnp.int32), side="right")
+        return jnp.asarray(values_np)[index]
 
     return schedule
 

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import meltemi.models as mm
-from meltemi import data as md
 from meltemi.levanter import optim
 from meltemi.levanter.config import RunSpec, as_spec
-from meltemi.levanter.trainer._data import build_mixture, build_stores, eval_sets, fraction_metrics
+from meltemi.levanter.trainer._data import (
+    build_mixture,
+    build_stores,
+    eval_sets,
+    fraction_metrics,
+    packed,
+    padding_line,
+    padding_metrics,
+)
+from meltemi.levanter.trainer._lora import lora_init, lora_loss
 from meltemi.levanter.trainer._parts import RunParts
 from meltemi.levanter.trainer._plan import batch_fields, build_optimizer, make_loss_fns
 from meltemi.levanter.trainer._warm_start import make_warm_start
@@ -29,18 +37,16 @@ def build_parts(spec: RunSpec, mesh=None) -> RunParts:
         data_metrics = fraction_metrics(train)
     else:
         train_store, val_stores = build_stores(spec)
-        train = md.PackedDataset(
-            train_store,
-            seq_len=data.seq_len,
-            batch_size=spec.trainer.train_batch_size,
-            seed=data.shuffle_seed,
-        )
+        train = packed(spec, train_store)
+        if data.packing != "stream":
+            print(padding_line("train", train), flush=True)
+            data_metrics = padding_metrics(train)
     loss_fn, eval_loss_fn = make_loss_fns(spec.trainer.z_loss)
     mcfg = spec.model
     params = mm.param_count(mcfg)
     return RunParts(
-        init_model=lambda key: mm.Transformer.init(mcfg, key=key),
-        loss_fn=loss_fn,
+        init_model=lora_init(spec, lambda key: mm.Transformer.init(mcfg, key=key)),
+        loss_fn=lora_loss(spec, loss_fn),
         eval_loss_fn=eval_loss_fn,
         optimizer=optimizer,
         metrics_fn=optim.metrics,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pathlib
 from collections.abc import Callable, Mapping
 
@@ -13,15 +14,60 @@ from jax.experimental import multihost_utils
 
 from meltemi import data as md
 from meltemi.levanter.config import ConfigError, MixtureConfigError, MixturePlan, RunSpec
+from meltemi.levanter.trainer._eval import batch_bytes, fixed_eval_set
 from meltemi.levanter.trainer._parts import EvalSet
+from meltemi.levanter.trainer._summary import display_path
+
+
+def skipped_line(store: md.TokenStore, cwd: str | None = None) -> str | None:
+    """`TokenStore.skipped_summary()` with its paths shown relative to the working directory.
+
+    Example: `data: cache/train skipped 3 inputs (empty_document 3); 120 documents kept;
+    details in cache/train/meta.json`. None when the build skipped and altered nothing.
+    """
+    line = store.skipped_summary()
+    if line is None:
+        return None
+    line = line.replace(str(store.path), display_path(pathlib.Path(store.path), cwd))
+    # The example input file too (`e.g. /abs/corpus.jsonl:31: ...`).
+    cwd = cwd or os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()
+    return line.replace(os.path.join(cwd, ""), "")
 
 
 def _store(path: pathlib.Path, source: md.Source, tokenizer: md.Tokenizer) -> md.TokenStore:
+    built = False
     if jax.process_index() == 0:
+        built = not (path / "meta.json").exists()  # else the cached store is reopened
         md.build_store([source], tokenizer, path)
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices(f"meltemi store {path}")
-    return md.TokenStore.open(path, tokenizer)
+    store = md.TokenStore.open(path, tokenizer)
+    line = skipped_line(store) if built else None
+    if line is not None:  # only when this run built it: a reused store was reported then
+        print(line, flush=True)
+    return store
+
+
+def packed(spec: RunSpec, store: md.TokenStore, key: str = "data.packing") -> md.PackedDataset:
+    """The training rows of `store`, packed as `data.packing` says."""
+    try:
+        return md.PackedDataset(
+            store,
+            seq_len=spec.data.seq_len,
+            batch_size=spec.trainer.train_batch_size,
+            seed=spec.data.shuffle_seed,
+            **md.packing_options(spec.data.packing),
+        )
+    except ValueError as e:  # e.g. a corpus shorter than one row in stream mode
+        raise ConfigError(f"{key} ({spec.data.packing!r}): {e}") from None
+
+
+def padding_line(name: str, dataset: md.PackedDataset) -> str:
+    """One line on the padding `data.packing="whole_documents"` costs (shown at start-up)."""
+    return (
+        f"data: {name}: whole-document packing, {dataset.num_sequences:,} rows per epoch, "
+        f"{dataset.padding_fraction:.1%} of row tokens are padding (loss-masked)"
+    )
 
 
 def source_store(
@@ -82,12 +128,9 @@ def build_mixture(spec: RunSpec) -> tuple[md.MixtureDataset, dict[str, md.TokenS
     datasets, val_stores = {}, {}
     for c in plan.components:
         store = source_store(spec, f"data.components.{c.name}.source", c.source, tokenizer)
-        datasets[c.name] = md.PackedDataset(
-            store,
-            seq_len=data.seq_len,
-            batch_size=spec.trainer.train_batch_size,
-            seed=data.shuffle_seed,
-        )
+        datasets[c.name] = packed(spec, store, f"data.components.{c.name}")
+        if data.packing != "stream":
+            print(padding_line(c.name, datasets[c.name]), flush=True)
         if c.validation is not None:
             key = f"data.components.{c.name}.validation"
             val_stores[c.name] = source_store(spec, key, c.validation, tokenizer)
@@ -102,34 +145,44 @@ def build_mixture(spec: RunSpec) -> tuple[md.MixtureDataset, dict[str, md.TokenS
 
 
 def fraction_metrics(mixture: md.MixtureDataset) -> Callable[[np.ndarray], dict[str, float]]:
-    """`rows -> {"data/<component>/fraction": share of the rows}` (no tokens are read)."""
+    """`rows -> {"data/<component>/fraction": share of the rows}` (no tokens are read).
+
+    With whole-document packing, also `data/padding_fraction`: the components' padding
+    shares (per epoch) weighted by their share of these rows.
+    """
     names = list(mixture.names)
+    padding = np.array([mixture.components[n].padding_fraction for n in names])
 
     def metrics(rows: np.ndarray) -> dict[str, float]:
         counts = np.bincount(mixture.components_of(rows), minlength=len(names))
         total = max(int(counts.sum()), 1)
-        return {f"data/{n}/fraction": int(c) / total for n, c in zip(names, counts, strict=True)}
+        out = {f"data/{n}/fraction": int(c) / total for n, c in zip(names, counts, strict=True)}
+        if padding.any():
+            out["data/padding_fraction"] = float(counts @ padding) / total
+        return out
 
     return metrics
 
 
+def padding_metrics(dataset: md.PackedDataset) -> Callable[[np.ndarray], dict[str, float]]:
+    """`rows -> {"data/padding_fraction": the share of row tokens that are padding}` (per
+    epoch: whole-document packing fixes it when the rows are planned)."""
+    fraction = float(dataset.padding_fraction)
+    return lambda rows: {"data/padding_fraction": fraction}
+
+
 def utf8_bytes(batch: Mapping[str, np.ndarray], tokenizer: md.Tokenizer) -> int:
-    """UTF-8 bytes the loss tokens (the masked-in targets) of a host batch decode to."""
-    total = 0
-    for targets, mask in zip(batch["targets"], batch["loss_mask"], strict=True):
-        total += len(tokenizer.decode(targets[mask > 0]).encode("utf-8"))
-    return total
+    """UTF-8 bytes the loss tokens (the masked-in targets) of a host batch decode to, span by
+    span (`meltemi.levanter.trainer._eval.span_bytes`: split characters count once)."""
+    return batch_bytes(batch, tokenizer)
 
 
 def eval_sets(spec: RunSpec, stores: Mapping[str, md.TokenStore]) -> list[EvalSet]:
     """`eval.num_batches` fixed batches of each validation set, with their byte counts."""
     if spec.eval.num_batches <= 0:
         return []
-    out = []
-    n = spec.eval.batch_size
-    for name, store in stores.items():
-        ds = md.PackedDataset(store, seq_len=spec.data.seq_len, batch_size=n, seed=0)
-        count = min(spec.eval.num_batches, max(1, ds.num_sequences // n))
-        batches = [ds.sequences(np.arange(i * n, (i + 1) * n)) for i in range(count)]
-        out.append(EvalSet(name, batches, sum(utf8_bytes(b, spec.tokenizer) for b in batches)))
-    return out
+    e = spec.eval  # the same sets `//levanter:eval` builds (meltemi.levanter.evaluation)
+    return [
+        fixed_eval_set(name, store, spec.tokenizer, spec.data.seq_len, e.batch_size, e.num_batches)
+        for name, store in stores.items()
+    ]

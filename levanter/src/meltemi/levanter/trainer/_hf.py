@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 import meltemi.models as mm
 from meltemi.levanter.config import ConfigError, RunSpec
+from meltemi.levanter.trainer._lora import lora_model, merged
 from meltemi.levanter.trainer._plan import Plan, compute_context
 from meltemi.levanter.trainer._step import TrainState
 
@@ -26,6 +27,7 @@ def hf_params(spec: RunSpec, plan: Plan) -> Any:
         model, _ = mm.hf.load(spec.init_from_hf, config=spec.model, dtype=jnp.float32)
     except (mm.hf.CheckpointError, mm.SafetensorsError, FileNotFoundError) as e:
         raise ConfigError(f"model.init_from_hf={spec.init_from_hf!r}: {e}") from None
+    model = lora_model(spec, model, jax.random.key(spec.trainer.seed))
     params = eqx.filter(model, eqx.is_array)
     with compute_context(plan.mesh):
         return jax.device_put(params, plan.state_sharding.params)
@@ -51,7 +53,7 @@ def export_hf(spec: RunSpec, plan: Plan, state: TrainState, directory: pathlib.P
             "--export_hf: exporting from a multi-process run is not supported; export from "
             "its final checkpoint in one process (the same command on one host)."
         )
-    model = eqx.combine(jax.device_get(state.params), plan.static)
+    model = merged(eqx.combine(jax.device_get(state.params), plan.static))
     tokenizer = None
     if spec.data.tokenizer != "byte":
         path = pathlib.Path(spec.data.tokenizer).expanduser()

@@ -1,79 +1,54 @@
-"""Multislice on one machine: one process per slice, joined by `jax.distributed` on loopback.
+"""Elastic multislice on one machine: one process per slice, joined by `jax.distributed`.
 
-`launch_multislice` spawns `mesh.num_slices` `SliceWorker` actors as one fray gang (each a
-process of its own). Every worker initialises `jax.distributed` against a coordinator on
-127.0.0.1 (CPU collectives over gloo), builds the same mesh (the `dcn` axes span the
-processes) and runs the ordinary training loop; process 0 writes metrics and checkpoint
-manifests. If any slice process dies, fray stops and restarts the whole gang and the
-launcher starts the run again: it resumes from the newest intact checkpoint, and since a
-step's batch is a function of the step alone, no data is skipped or repeated.
+`launch_multislice` keeps a gang of slice processes (`SliceWorker` fray actors, one per
+slice) training. Every worker initialises `jax.distributed` against a coordinator on
+127.0.0.1 (CPU collectives over gloo), builds the mesh of the gang's size (the `dcn` axes
+span the processes) and runs the ordinary training loop; process 0 writes metrics and
+checkpoint manifests. A step's batch is a function of the step alone, the same rows at any
+slice count, so a job that shrinks and grows trains on exactly the rows of one that did not.
 
-The same launcher runs on fray's Ray backend: pass `cluster=RayCluster(...)`.
+The job (`mesh.num_slices` is the target, `mesh.min_slices` the floor):
+
+* a slice process dies (or is preempted: SIGTERM, it saves first): the other slices are
+  stopped and the gang re-forms at once on the live slices (>= `min_slices`) from the newest
+  intact checkpoint; `jax.distributed` cannot change its process count in place, so a new
+  gang is a new set of processes;
+* the lost slice is retried with backoff; when its replacement is up, the running gang stops
+  at the next step boundary (saving a checkpoint there) and re-forms at the larger size;
+* fewer live slices than `min_slices` and no replacement within the retry budget: the job
+  stops with exit status 75 ("try again later"); starting it again resumes;
+* SIGTERM to the launcher: every slice saves and stops, exit status 75.
+
+Every change is logged with its reason and written to `run_dir/status.json` (see
+`meltemi.levanter.multislice`). The same launcher runs on fray's Ray backend:
+pass `cluster=RayCluster(...)`.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import json
 import logging
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
 
 from meltemi import fray
 from meltemi.levanter.config import ResolvedConfig, RunSpec, as_spec
-from meltemi.levanter.trainer._preemption import PREEMPTED_EXIT_CODE, install_sigterm_handler
-from meltemi.levanter.trainer._trainer import train
+from meltemi.levanter.multislice import JobStatus, SliceStatus
+from meltemi.levanter.trainer._preemption import PREEMPTED_EXIT_CODE
+from meltemi.levanter.trainer._slice_worker import RESIZE_SIGNAL, SliceWorker
 
 logger = logging.getLogger(__name__)
 
-
-class SliceWorker:
-    """One slice of a multislice job: a process holding that slice's devices."""
-
-    def __init__(self):
-        # The constructor runs in the actor process's main thread, calls in worker threads:
-        # only here can SIGTERM be turned into "save a checkpoint and stop".
-        install_sigterm_handler()
-
-    def run(
-        self,
-        slice_index: int,
-        num_slices: int,
-        coordinator: str,
-        config_json: str,
-        local_devices: int,
-    ) -> dict[str, Any]:
-        """Joins the job, trains (or resumes) to the end, and returns a small result."""
-        os.environ["MELTEMI_SLICE_INDEX"] = str(slice_index)
-        # The launcher's fake-device flag (tests) must not leak into the slice processes:
-        # each slice has `local_devices` devices.
-        flags = os.environ.get("XLA_FLAGS", "").split()
-        flags = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count")]
-        os.environ["XLA_FLAGS"] = " ".join(flags)
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        if jax.config.jax_platforms in (None, "", "cpu"):
-            jax.config.update("jax_num_cpu_devices", local_devices)
-        jax.distributed.initialize(
-            coordinator_address=coordinator,
-            num_processes=num_slices,
-            process_id=slice_index,
-            initialization_timeout=120,
-        )
-        result = train(ResolvedConfig.from_json(config_json))
-        jax.distributed.shutdown()
-        return {
-            "slice": slice_index,
-            "start_step": result.start_step,
-            "step": result.step,
-            "preempted": result.preempted,
-            "losses": result.losses,
-            "summary": result.summary,
-        }
+__all__ = ["SliceWorker", "devices_per_slice", "launch_multislice"]
 
 
 def devices_per_slice(spec: RunSpec) -> int:
@@ -87,91 +62,473 @@ def launch_multislice(
     *,
     cluster: fray.Cluster | None = None,
     max_restarts: int = 3,
-    on_start: Any = None,
+    on_start: Callable[[fray.Cluster, list, int], None] | None = None,
+    available: Callable[[int, int], bool] | None = None,
+    backoff_s: float = 0.5,
 ) -> int:
-    """Runs the job as `mesh.num_slices` processes; returns the exit status.
+    """Runs the job on up to `mesh.num_slices` slice processes; returns the exit status.
 
     Args:
         spec: the checked config (its `mesh.num_slices` > 1; a `ResolvedConfig` is resolved).
         cluster: the fray cluster to use (default: a `LocalCluster` for this call).
-        max_restarts: gang restarts allowed after a slice process dies.
-        on_start: called with `(cluster, group, attempt)` once the slices are up (tests use
-            it to kill a slice).
+        max_restarts: replacement attempts per lost slice before it is given up.
+        on_start: called with `(cluster, handles, generation)` each time a gang is up
+            (tests use it to interrupt the job).
+        available: called with `(slice_index, attempt)` before a replacement is started;
+            False means "no capacity for it now" (tests simulate a slice that stays away).
+        backoff_s: wait before the first replacement attempt (doubling, at most 30 s).
     """
     spec = as_spec(spec)
-    num_slices = spec.mesh.num_slices
-    local = devices_per_slice(spec)
     owned = cluster is None
     cluster = cluster or fray.LocalCluster(heartbeat_timeout_s=600.0)
-    policy = fray.RestartPolicy(
-        max_failures=max_restarts, max_preemptions=max_restarts, backoff_initial_s=0.5
-    )
+    job = _ElasticJob(spec, cluster, max_restarts, available, backoff_s)
     try:
-        group = cluster.spawn_group(SliceWorker, num_slices, name="slice", restart=policy)
-        attempt = 0
-        while True:
-            coordinator = f"127.0.0.1:{fray.free_port()}"
-            print(
-                f"multislice: {num_slices} slice processes x {local} device(s), coordinator "
-                f"{coordinator}" + (f" (restart {attempt})" if attempt else ""),
-                file=sys.stderr,
-                flush=True,
-            )
-            futures = [
-                handle.run.options(timeout=None).remote(
-                    rank, num_slices, coordinator, spec.to_json(), local
-                )
-                for rank, handle in enumerate(group)
-            ]
-            if on_start is not None:
-                on_start(cluster, group, attempt)
-            try:
-                with _forward_sigterm(cluster, group.name):
-                    results = [f.result() for f in futures]
-            except (fray.ActorRestarted, fray.ActorDied, fray.ConnectionLost) as e:
-                if isinstance(e, fray.ActorDied) and "will not be restarted" in str(e):
-                    print(f"multislice: giving up: {e}", file=sys.stderr)
-                    return 1
-                attempt += 1
-                print(f"multislice: a slice died ({e}); restarting the gang", file=sys.stderr)
-                group = _restarted(cluster, group.name, attempt)
-                continue
-            first = results[0]
-            print(first["summary"], flush=True)
-            return PREEMPTED_EXIT_CODE if first["preempted"] else 0
+        with _forward_sigterm(job):
+            return job.run(on_start)
     finally:
+        job.close()
         if owned:
             cluster.shutdown()
 
 
 @contextlib.contextmanager
-def _forward_sigterm(cluster: fray.Cluster, name: str):
+def _forward_sigterm(job: _ElasticJob):
     """SIGTERM to the launcher is passed to every slice process: each saves and stops."""
-
-    def forward(signum, frame):
-        for actor in cluster.actors():
-            if actor.group == name and actor.pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(actor.pid, signal.SIGTERM)
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, forward)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: job.terminate())
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _restarted(cluster: fray.Cluster, name: str, epoch: int, timeout: float = 120.0):
-    """Fresh handles to the gang once every member is alive at `epoch` or later."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        rows = [r for r in cluster.actors() if r.group == name]
-        if rows and all(r.state == "alive" and r.epoch >= epoch for r in rows):
-            return cluster.get(name)
-        if any(r.state in ("dead", "stopped") for r in rows):
-            raise RuntimeError(f"the slice gang {name!r} was not restarted: {rows}")
-        time.sleep(0.1)
-    raise TimeoutError(f"the slice gang {name!r} did not come back within {timeout} s")
+def _describe(error: BaseException) -> str:
+    sig = getattr(error, "signal", None)
+    code = getattr(error, "exit_code", None)
+    if sig:
+        with contextlib.suppress(ValueError):
+            return signal.Signals(sig).name
+        return f"signal {sig}"
+    if code is not None:
+        return f"exit {code}"
+    return type(error).__name__
+
+
+def _vm_hwm_mb(pid: int | None) -> float | None:
+    """Peak resident memory of a live local process (Linux), in MiB."""
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+def _last_step(path) -> int:
+    """The newest step in metrics.jsonl (reads only the file's tail)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            lines = f.read().splitlines()
+    except OSError:
+        return 0
+    for line in reversed(lines):
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            return int(json.loads(line)["step"])
+    return 0
+
+
+class _ElasticJob:
+    """The launcher's state machine (see the module docstring and docs/design/levanter.md)."""
+
+    def __init__(self, spec, cluster, max_restarts, available, backoff_s):
+        self.spec = spec
+        self.cluster = cluster
+        self.target = spec.mesh.num_slices
+        self.min_slices = spec.mesh.min_slices or self.target
+        self.local = devices_per_slice(spec)
+        self.max_restarts = max_restarts
+        self.available = available
+        self.policy = fray.RestartPolicy(backoff_initial_s=backoff_s, backoff_max_s=30.0)
+        self.lock = threading.RLock()
+        self.closed = threading.Event()
+        self.terminated = threading.Event()
+        self.slices = [SliceStatus(i) for i in range(self.target)]
+        self.handles: dict[int, Any] = {}  # slice -> its actor (warm or in the gang)
+        self.fresh: set[int] = set()  # actors that have not run a gang yet
+        self.retrying: dict[int, threading.Thread] = {}
+        self.gang: list[int] = []
+        self.status = JobStatus(
+            "starting", self.target, self.min_slices, launcher_pid=os.getpid(),
+            slices=self.slices,
+        )  # fmt: skip
+        self.metrics = spec.run_dir / "metrics.jsonl"
+        # Re-forming restarts processes: a persistent compilation cache (the launcher's, else
+        # $JAX_COMPILATION_CACHE_DIR, else one in the run dir) spares compiling a size again.
+        self.compile_cache = (
+            jax.config.jax_compilation_cache_dir
+            or os.environ.get("JAX_COMPILATION_CACHE_DIR")
+            or str(spec.run_dir / "compile_cache")
+        )
+        self.last_write = 0.0
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+
+    def log(self, kind: str, reason: str) -> None:
+        """Logs a restart, shrink, grow or stop with its reason (stderr and status.json)."""
+        print(f"multislice: {kind}: {reason}", file=sys.stderr, flush=True)
+        logger.info("%s: %s", kind, reason)
+        with self.lock:
+            self.status.events.append({"time": time.time(), "kind": kind, "reason": reason})
+            del self.status.events[:-50]
+            self.write_status()
+
+    def write_status(self, state: str | None = None, reason: str | None = None) -> None:
+        with self.lock:
+            if state is not None:
+                self.status.state = state
+            if reason is not None:
+                self.status.reason = reason
+            self.status.step = _last_step(self.metrics)
+            for s in self.slices:
+                if s.state in ("running", "rejoining"):
+                    peak = _vm_hwm_mb(s.pid)
+                    if peak is not None:
+                        s.peak_rss_mb = max(peak, s.peak_rss_mb or 0.0)
+            self.status.write(self.spec.run_dir)
+            self.last_write = time.monotonic()
+
+    def terminate(self) -> None:
+        """SIGTERM to the launcher: the whole job is preempted."""
+        self.terminated.set()
+        self._signal_gang(signal.SIGTERM)
+
+    def _signal_gang(self, signum: int) -> None:
+        with self.lock:
+            pids = [self.slices[i].pid for i in self.gang]
+        for pid in pids:
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signum)
+
+    def close(self) -> None:
+        self.closed.set()
+        with self.lock:
+            handles = list(self.handles.values())
+            self.handles.clear()
+        for h in handles:
+            with contextlib.suppress(Exception):
+                self.cluster.kill(h)
+        for t in list(self.retrying.values()):
+            t.join(timeout=5)
+
+    # -- slices --------------------------------------------------------------------------------
+
+    def _spawn(self, index: int) -> None:
+        """Starts a fresh process for slice `index` (raises fray.ActorDied if it cannot)."""
+        name = f"slice-{index}"
+        with contextlib.suppress(KeyError, fray.FrayError):
+            self.cluster.kill(name)  # an old incarnation still registered under the name
+        handle = self.cluster.spawn(SliceWorker, name=name)
+        pid = handle.info()["pid"]
+        with self.lock:
+            self.handles[index] = handle
+            self.fresh.add(index)
+            s = self.slices[index]
+            s.pid, s.started_at, s.ended_at = pid, time.time(), None
+
+    def _retire(self, index: int) -> None:
+        """Stops slice `index`'s process (it is lost or its gang is over)."""
+        with self.lock:
+            handle = self.handles.pop(index, None)
+            self.fresh.discard(index)
+            s = self.slices[index]
+            if s.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(s.pid, signal.SIGKILL)  # may be stuck in a collective
+            if s.ended_at is None and s.started_at is not None:
+                s.ended_at = time.time()
+        if handle is not None:
+            with contextlib.suppress(Exception):
+                self.cluster.kill(handle)
+
+    def lose(self, index: int, why: str, last_exit: str) -> None:
+        """Marks slice `index` lost and starts retrying its replacement with backoff."""
+        with self.lock:
+            s = self.slices[index]
+            s.state, s.reason, s.last_exit = "lost", why, last_exit
+            s.restarts += 1
+        self._retire(index)
+        self.log("lost", f"slice {index} {why}")
+        t = threading.Thread(target=self._replace, args=(index,), daemon=True,
+                             name=f"multislice-replace-{index}")  # fmt: skip
+        with self.lock:
+            self.retrying[index] = t
+        t.start()
+
+    def _replace(self, index: int) -> None:
+        try:
+            for attempt in range(1, self.max_restarts + 1):
+                if self.closed.wait(self.policy.backoff(attempt)):
+                    return
+                if self.available is not None and not self.available(index, attempt):
+                    self.log("retry", f"slice {index}: no capacity (attempt {attempt}/"
+                                      f"{self.max_restarts})")  # fmt: skip
+                    continue
+                try:
+                    self._spawn(index)
+                except Exception as e:  # a failed start, or the cluster closing under us
+                    if self.closed.is_set():
+                        return
+                    self.log("retry", f"slice {index}: replacement failed to start ({e})")
+                    continue
+                if self.closed.is_set():
+                    self._retire(index)
+                    return
+                with self.lock:
+                    self.slices[index].state = "rejoining"
+                    self.slices[index].reason = "replacement up; joins at the next checkpoint"
+                self.log("rejoining", f"slice {index}: replacement up (attempt {attempt})")
+                return
+            with self.lock:
+                self.slices[index].reason = f"gave up after {self.max_restarts} attempts"
+            self.log("given up", f"slice {index}: no replacement after {self.max_restarts} "
+                                 "attempts")  # fmt: skip
+        finally:
+            with self.lock:
+                self.retrying.pop(index, None)
+
+    def _live(self) -> list[int]:
+        with self.lock:
+            return [s.index for s in self.slices if s.state in ("running", "rejoining")]
+
+    def _pending_replacements(self) -> bool:
+        with self.lock:
+            return bool(self.retrying)
+
+    # -- the job -------------------------------------------------------------------------------
+
+    def run(self, on_start) -> int:
+        self.write_status("starting")
+        reason = f"start on {self.target} slices"
+        while True:
+            live = self._wait_for_floor()
+            if live is None:
+                return self._stop_below_floor()
+            gang = self._form(live)
+            if gang is None:
+                continue  # a process failed to start: it is lost, try again with the rest
+            self.status.generation += 1
+            self.log("gang", f"#{self.status.generation} on {len(gang)} slice(s) {gang} "
+                             f"from step {_last_step(self.metrics)} ({reason})")  # fmt: skip
+            outcome, reason = self._run_gang(gang, on_start)
+            if outcome is not None:
+                return outcome
+
+    def _wait_for_floor(self) -> list[int] | None:
+        """The live slices once there are >= min_slices; None if no replacement will come."""
+        waited = False
+        while True:
+            live = self._live()
+            if len(live) >= self.min_slices:
+                return live
+            if not self._pending_replacements() or self.terminated.is_set():
+                return None
+            if not waited:
+                self.write_status(
+                    "reforming",
+                    f"{len(live)} slice(s) alive, below "
+                    f"mesh.min_slices={self.min_slices}: waiting for replacements",
+                )
+                waited = True
+            time.sleep(0.1)
+
+    def _stop_below_floor(self) -> int:
+        live = self._live()
+        step = _last_step(self.metrics)
+        why = (
+            f"{len(live)} of {self.target} slices alive, below mesh.min_slices="
+            f"{self.min_slices}, and no replacement came within {self.max_restarts} attempts; "
+            f"stopped at step {step} (the newest checkpoint is kept). Start the job again to "
+            f"resume when slices are available, or lower mesh.min_slices."
+        )
+        if self.terminated.is_set():
+            why = f"preempted (SIGTERM) while re-forming at step {step}; start again to resume"
+        for s in self.slices:
+            if s.state != "lost":
+                s.state = "done"
+            self._retire(s.index)
+        self.log("stopped", why)
+        self.write_status("stopped", why)
+        return PREEMPTED_EXIT_CODE
+
+    def _form(self, live: list[int]) -> list[int] | None:
+        """Fresh processes for the slices of the next gang (a warm replacement is reused)."""
+        with self.lock:
+            need = [i for i in live if i not in self.fresh]
+        for i in need:
+            self._retire(i)
+        self.write_status("reforming" if self.status.generation else "starting")
+        failed = []
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(need))) as pool:
+            futures = {pool.submit(self._spawn, i): i for i in need}
+            for fut, i in futures.items():
+                try:
+                    fut.result()
+                except fray.FrayError as e:
+                    failed.append((i, e))
+        for i, e in failed:
+            self.lose(i, f"did not start: {e}", _describe(e))
+        if failed:
+            return None
+        with self.lock:
+            for i in live:
+                self.slices[i].state, self.slices[i].reason = "running", ""
+            self.gang = list(live)
+        return list(live)
+
+    def _run_gang(self, gang: list[int], on_start) -> tuple[int | None, str]:
+        """Runs one gang to its end; returns (exit status or None to re-form, why)."""
+        coordinator = f"127.0.0.1:{fray.free_port()}"
+        with self.lock:
+            handles = [self.handles[i] for i in gang]
+            self.fresh.difference_update(gang)
+        config = self.spec.to_json()
+        futures = [
+            h.run.options(timeout=None).remote(
+                i, rank, len(gang), coordinator, config, self.local, self.compile_cache
+            )  # fmt: skip
+            for rank, (i, h) in enumerate(zip(gang, handles, strict=True))
+        ]
+        self.status.num_slices = len(gang)
+        self.write_status("running", "")
+        if on_start is not None:
+            on_start(self.cluster, handles, self.status.generation - 1)
+        start_step = _last_step(self.metrics)
+        resize_sent = term_sent = 0.0
+        results: dict[int, dict] = {}
+        while True:
+            died = []
+            for i, fut in zip(gang, futures, strict=True):
+                if i in results or not fut.done():
+                    continue
+                try:
+                    results[i] = fut.result()
+                except fray.RemoteError as e:
+                    # The training itself raised (a bug or a bad config): it would raise again
+                    # at any size, so the job fails instead of re-forming.
+                    return self._fail(gang, i, e)
+                except (fray.FrayError, OSError) as e:
+                    died.append((i, e))
+            if died:
+                return self._after_death(gang, died)
+            if len(results) == len(gang):
+                return self._after_gang(gang, results)
+            # A replacement is up: once this gang has made progress, stop it at the next
+            # step boundary (it saves a checkpoint there) and re-form larger.
+            now = time.monotonic()
+            if self.terminated.is_set() and now - term_sent > 1.0:
+                # Again every second: a slice still setting up clears the flag when its loop
+                # starts, and one signal might fall before that.
+                self._signal_gang(signal.SIGTERM)
+                term_sent = now
+            joining = [s.index for s in self.slices if s.state == "rejoining"]
+            if joining and not self.terminated.is_set() and now - resize_sent > 1.0:
+                if _last_step(self.metrics) > start_step:
+                    if not resize_sent:
+                        self.log("grow", f"slice(s) {joining} ready: the gang stops at the "
+                                         "next step boundary to re-form")  # fmt: skip
+                    self._signal_gang(RESIZE_SIGNAL)
+                    resize_sent = now
+            if now - self.last_write > 2.0:
+                self.write_status()
+            time.sleep(0.05)
+
+    def _fail(self, gang, index, error) -> tuple[int, str]:
+        for i in gang:
+            self.slices[i].state = "done"
+            self._retire(i)
+        why = f"slice {index} raised: {error}"
+        self.log("failed", why)
+        self.write_status("failed", why.splitlines()[0])
+        return 1, why
+
+    def _after_death(self, gang, died) -> tuple[int | None, str]:
+        # Others may be dying at the same moment (one machine, several slices): look again.
+        time.sleep(0.2)
+        lost = {i: e for i, e in died}
+        with self.lock:
+            handles = {i: self.handles.get(i) for i in gang}
+        for i in gang:
+            if i in lost:
+                continue
+            pid = self.slices[i].pid
+            if pid and not _alive(pid):
+                lost[i] = fray.ActorDied(f"slice-{i}", "its process is gone")
+        for i, e in lost.items():
+            self.lose(i, f"died ({_describe(e)})", _describe(e))
+        survivors = [i for i in gang if i not in lost]
+        for i in survivors:
+            self._retire(i)  # stuck in a collective with the lost slice: stop now
+        del handles
+        live = self._live()
+        why = f"slice(s) {sorted(lost)} lost; re-forming on {len(live)} slice(s)"
+        self.log("shrink" if len(live) < len(gang) else "restart", why)
+        return None, why
+
+    def _after_gang(self, gang, results) -> tuple[int | None, str]:
+        num_steps = self.spec.trainer.num_train_steps
+        first = results[gang[0]]
+        for i in gang:
+            s = self.slices[i]
+            s.peak_rss_mb = max(results[i].get("peak_rss_mb") or 0.0, s.peak_rss_mb or 0.0)
+        if first["step"] >= num_steps:
+            for i in gang:
+                self.slices[i].state = "done"
+                self._retire(i)
+            print(first["summary"], flush=True)
+            self.log("done", f"trained to step {num_steps} on {len(gang)} slice(s)")
+            self.write_status("done", "")
+            return 0, ""
+        if self.terminated.is_set():
+            for i in gang:
+                self.slices[i].state = "done"
+                self._retire(i)
+            print(first["summary"], flush=True)
+            why = f"preempted (SIGTERM to the launcher) at step {first['step']}; start again"
+            self.log("stopped", why)
+            self.write_status("stopped", why)
+            return PREEMPTED_EXIT_CODE, why
+        preempted = [i for i in gang if results[i]["terminated"]]
+        for i in preempted:  # a preempted slice saved with the others; its host goes away
+            self.lose(i, f"preempted (SIGTERM) at step {first['step']}", "preempted (SIGTERM)")
+        for i in gang:
+            if i not in preempted:
+                self._retire(i)
+        if preempted:
+            why = f"slice(s) {preempted} preempted; re-forming on {len(self._live())} slice(s)"
+            self.log("shrink", why)
+        else:
+            why = f"grow to {len(self._live())} slice(s) at step {first['step']}"
+        return None, why
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped) counts as gone.
+    with contextlib.suppress(OSError):
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][:1] != "Z"
+    return True

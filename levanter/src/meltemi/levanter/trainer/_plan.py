@@ -31,6 +31,7 @@ from meltemi.levanter.mesh import (
     data_parallel_size,
     make_mesh,
 )
+from meltemi.levanter.trainer._lora import lora_init, lora_loss, lora_optimizer
 from meltemi.levanter.trainer._sharding import batch_sharding, tree_shardings, with_shardings
 from meltemi.levanter.trainer._step import DTYPES, TrainState, init_state, make_train_step
 
@@ -111,7 +112,7 @@ def build_optimizer(spec: RunSpec) -> optax.GradientTransformation:
         tx, _ = optim.build_optimizer(spec.optimizer, total_steps=spec.trainer.num_train_steps)
     except optim.OptimizerConfigError as e:
         raise optimizer_error(e) from None
-    return tx
+    return lora_optimizer(spec, tx)
 
 
 def model_parts(spec: RunSpec) -> StepParts:
@@ -119,8 +120,8 @@ def model_parts(spec: RunSpec) -> StepParts:
     config = spec.model
     loss_fn, _ = make_loss_fns(spec.trainer.z_loss)
     return StepParts(
-        init_model=lambda key: mm.Transformer.init(config, key=key),
-        loss_fn=loss_fn,
+        init_model=lora_init(spec, lambda key: mm.Transformer.init(config, key=key)),
+        loss_fn=lora_loss(spec, loss_fn),
         optimizer=build_optimizer(spec),
         metrics_fn=optim.metrics,
         batch_fields=batch_fields(spec),

@@ -53,6 +53,8 @@ def display_path(path: pathlib.Path, cwd: str | os.PathLike | None = None) -> st
         >>> display_path(pathlib.Path("/tmp/runs/a"), cwd="/home/me")
         '/tmp/runs/a'
     """
+    if "://" in os.fspath(path):  # gs://bucket/run: shown as it is
+        return os.fspath(path)
     if cwd is None:
         cwd = os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()
     try:

@@ -31,12 +31,21 @@ from meltemi.levanter.tracking import (
     plot_loss_curve,
 )
 from meltemi.levanter.trainer._build import build_parts
-from meltemi.levanter.trainer._eval import Evaluator, eval_line, eval_record
+from meltemi.levanter.trainer._eval import (
+    Evaluator,
+    HarnessHook,
+    eval_line,
+    eval_record,
+    harness_line,
+)
+from meltemi.levanter.trainer._fingerprint import batch_fingerprint, fingerprint_value
 from meltemi.levanter.trainer._hf import export_hf, init_from_hf
+from meltemi.levanter.trainer._lora import export_peft
 from meltemi.levanter.trainer._parts import RunParts
 from meltemi.levanter.trainer._plan import Plan, compute_context, mesh_of, plan
 from meltemi.levanter.trainer._preemption import Preemption
 from meltemi.levanter.trainer._profile import StepProfiler
+from meltemi.levanter.trainer._run_files import RunFiles
 from meltemi.levanter.trainer._sharding import global_batch
 from meltemi.levanter.trainer._step import TrainState
 from meltemi.levanter.trainer._summary import RunResult, display_path, summary
@@ -138,12 +147,15 @@ class Trainer:
                                parts=parts.step_parts())  # fmt: skip
         self.mesh = self.plan.mesh
         self.run_dir = spec.run_dir
+        # Metrics, events, profile and plot: the run dir, or a local copy of a gs:// one.
+        self.files = RunFiles(spec.run_dir)
         self.primary = jax.process_index() == 0
         self.batch_sizes = self.plan.batch_sizes
         self.template = self.plan.template
         self.compile_s = 0.0
         self.flops_per_step: dict[int, float | None] = {}
         self.evaluate = Evaluator(self.plan, parts.eval_loss_fn, parts.eval_sets)
+        self.harness = HarnessHook(spec, self.plan)  # eval.harness_tasks (lm-eval)
         self.state: TrainState | None = None
 
     # -- set-up -------------------------------------------------------------------------------
@@ -197,11 +209,14 @@ class Trainer:
         if self.primary:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.json").write_text(self.spec.to_json())
+            self.files.pull()  # a resumed gs:// run continues its metrics
         ckpt = _checkpointer(self.spec)
         state, start = self._restore_or_init(ckpt)
         result = RunResult(self.run_dir, start_step=start, step=start)
         end = num_steps if stop_after is None else min(num_steps, start + stop_after)
         with contextlib.ExitStack() as cleanup:
+            if self.primary:  # registered first, so it runs last: after the writers close
+                cleanup.callback(self.files.push)
             state_step = self._loop(state, start, end, ckpt, result, cleanup, on_step)
         result.step = state_step
         result.compile_s = self.compile_s
@@ -210,7 +225,9 @@ class Trainer:
             result.tokens_per_s = tokens / seconds
         if self.primary and result.losses and state_step == num_steps:
             try:
-                result.loss_png = plot_loss_curve(self.run_dir)
+                png = plot_loss_curve(self.files.local)
+                self.files.push()
+                result.loss_png = self.files.remote_path(png)
             except Exception as e:  # a broken plot must not hide a finished run
                 logger.warning("could not draw the loss curve: %s", e)
         result.summary = summary(self.spec, result)
@@ -221,16 +238,17 @@ class Trainer:
         if not self.primary:
             return []
         spec = self.spec
-        writer = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=start)
+        local = self.files.local
+        writer = MetricsWriter(local / "metrics.jsonl", resume_step=start)
         cleanup.callback(writer.close)
         out = [writer.write]
         if spec.logging.tensorboard:
-            tb = TensorBoardWriter(self.run_dir / "tensorboard")
+            tb = TensorBoardWriter(local / "tensorboard")
             cleanup.callback(tb.close)
             out.append(lambda record: tb.write(record["step"], record))
         if spec.logging.wandb:
             run = open_wandb(
-                self.run_dir,
+                local,
                 project=spec.logging.wandb_project,
                 name=spec.name,
                 mode=spec.logging.wandb_mode,
@@ -255,7 +273,7 @@ class Trainer:
         num_devices = self.mesh.size
         if start < end:
             self.compiled_step(self.batch_sizes.size_at(start))
-        profiler = StepProfiler(spec.trainer.profile, self.run_dir)
+        profiler = StepProfiler(spec.trainer.profile, self.files.local)
         cleanup.callback(profiler.stop)
         pending: dict | None = None
         last_fetch = time.perf_counter()
@@ -284,6 +302,9 @@ class Trainer:
             mfu = flops / elapsed / (peak * num_devices) if flops else None
             record.update(metrics)
             record["throughput/tokens_per_second"] = tps
+            # Elastic multislice: the rows of a step and the slice count it ran on.
+            record["data/batch_hash"] = fingerprint_value(record.pop("_batch_hash"))
+            record["mesh/num_slices"] = spec.mesh.num_slices
             if mfu is not None:
                 record["throughput/mfu"] = mfu
             result.losses[record["step"]] = metrics["train/loss"]
@@ -314,12 +335,12 @@ class Trainer:
                 state_step = step + 1
                 if profiler.after(state_step, (state, metrics)):
                     first, last = spec.trainer.profile
-                    bar.write(
-                        f"profile of steps {first}-{last}: {display_path(profiler.directory)}"
-                    )
+                    where = self.files.remote_path(profiler.directory)
+                    bar.write(f"profile of steps {first}-{last}: {display_path(where)}")
                 if pending is not None:
                     flush(pending)
                 pending = {"step": step + 1, "batch_size": size, "_device": metrics}
+                pending["_batch_hash"] = batch_fingerprint(batch["tokens"])
                 pending.update(self.data_metrics(step))  # host work while the step runs
                 eval_due = every and state_step % every == 0
                 stop = preemption.agreed()
@@ -328,15 +349,24 @@ class Trainer:
                     kind = "final"
                 elif stop:
                     kind = kind or "temporary"
-                if eval_due or kind or state_step == end:
+                harness_due = self.harness.due(state_step)
+                if eval_due or harness_due or kind or state_step == end:
                     mark_ready(pending)
                 pause_start = time.perf_counter()
                 if eval_due:
                     result.eval = self.evaluate(state)
                     pending.update(eval_record(result.eval))
                     bar.write(eval_line(state_step, result.eval))
+                if harness_due:
+                    harness_metrics = self.harness(state.params, state_step)
+                    pending.update(harness_metrics)
+                    bar.write(harness_line(state_step, harness_metrics))
                 if ckpt and kind:
                     ckpt.save(state_step, state, config_json=spec.to_json(), kind=kind)
+                    if spec.checkpoint.export_hf:
+                        self.export_hf(self.files.local / "hf" / f"step_{state_step:08d}", state)
+                    if self.primary:
+                        self.files.push()  # the metrics so far, beside the checkpoint
                     result.checkpoint_saved = True
                     result.checkpoint_blocking_s = max(
                         result.checkpoint_blocking_s, ckpt.last_blocking_s
@@ -381,11 +411,26 @@ class Trainer:
             state = init_from_hf(self.spec, self.plan, state)
         return state, 0
 
-    def export_hf(self, directory: str | pathlib.Path) -> list[str]:
-        """Writes the current parameters (after `run`) as a Hugging Face checkpoint."""
-        if self.state is None:
+    def export_hf(
+        self, directory: str | pathlib.Path, state: TrainState | None = None
+    ) -> list[str]:
+        """Writes the parameters of `state` (default: the state after `run`) as a Hugging
+        Face checkpoint."""
+        state = state if state is not None else self.state
+        if state is None:
             raise RuntimeError("export_hf needs a state: call run() first")
-        return export_hf(self.spec, self.plan, self.state, pathlib.Path(directory))
+        return export_hf(self.spec, self.plan, state, pathlib.Path(directory))
+
+    def export_peft(
+        self, directory: str | pathlib.Path, state: TrainState | None = None
+    ) -> list[str]:
+        """Writes the LoRA adapters of `state` (default: the state after `run`) as a PEFT
+        adapter directory (`adapter_config.json`, `adapter_model.safetensors`)."""
+        state = state if state is not None else self.state
+        if state is None:
+            raise RuntimeError("export_peft needs a state: call run() first")
+        params = jax.device_get(state.params)
+        return export_peft(self.spec, params, self.plan.static, pathlib.Path(directory))
 
     @staticmethod
     def _saved_config(ckpt: Checkpointer, step: int) -> dict | None:

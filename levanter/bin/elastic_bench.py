@@ -1,0 +1,189 @@
+"""`bazel run //levanter:elastic_bench`: how fast an elastic multislice job shrinks and grows.
+
+Runs the smoke model (`configs/default.py:smoke`) on `--slices` slice processes (fray
+LocalCluster, `mesh.min_slices = slices - 1`), SIGKILLs slice 1 (pid from status.json) once
+`--kill_at` steps are logged, and lets the replacement rejoin. Prints one JSON object:
+
+    elastic_shrink_s: the kill -> the first step completed on fewer slices (goal: <= 20 s);
+    elastic_grow_s: the replacement up -> the first step completed on all slices again;
+    reference_start_s: launch -> the first step of the first gang (a cold start, compiling);
+    steps_once, hashes_equal: every step logged once, and the same `data/batch_hash` as an
+        uninterrupted run (checked here against the in-process layout of `--slices` devices).
+
+The re-formed gangs use a persistent compilation cache (`--compile_cache`, default: in the
+bench's directory); `--warm` first runs the job once at every size so the timed run measures
+re-forming rather than compiling (what an operator sees after the first preemption of a job).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+DEFAULT = pathlib.Path(__file__).resolve().parent.parent / "configs" / "default.py"
+
+
+def _config(run_dir: pathlib.Path, cache: pathlib.Path, args, slices: int, min_slices: int):
+    from meltemi.levanter.config import load_config
+
+    batch = 6 if slices <= 3 else 12
+    return load_config(
+        f"{DEFAULT}:smoke",
+        [
+            ("run_dir", str(run_dir)),
+            ("data.cache_dir", str(cache)),
+            ("mesh.num_slices", str(slices)),
+            ("mesh.min_slices", str(min_slices)),
+            ("trainer.num_train_steps", str(args.steps)),
+            ("trainer.train_batch_size", str(batch)),
+            ("trainer.peak_flops_per_device", "1e9"),
+            ("eval.num_batches", "0"),
+            ("checkpoint.save_every_steps", "1"),
+        ],
+    )
+
+
+def _steps(run_dir: pathlib.Path) -> list[dict]:
+    from meltemi.levanter.tracking import read_metrics
+
+    path = run_dir / "metrics.jsonl"
+    return read_metrics(path) if path.exists() else []
+
+
+def _watch(run_dir, until, action):
+    def loop():
+        while True:
+            records = _steps(run_dir)
+            if records and until(records):
+                action(records)
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=loop, daemon=True).start()
+
+
+def _elastic_run(root: pathlib.Path, args) -> dict:
+    from meltemi import fray
+    from meltemi.levanter.multislice import read_status
+    from meltemi.levanter.trainer import launch_multislice
+
+    run_dir = root / "elastic"
+    times: dict[str, float] = {}
+    start = time.monotonic()
+
+    def kill(records):
+        pid = next(s["pid"] for s in read_status(run_dir)["slices"] if s["index"] == 1)
+        times["kill"] = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        _watch(run_dir, lambda r: any(x["mesh/num_slices"] < args.slices for x in r),
+               lambda r: times.setdefault("shrunk", time.monotonic()))  # fmt: skip
+
+    def grown(records):
+        small = [x["step"] for x in records if x["mesh/num_slices"] < args.slices]
+        return bool(small) and records[-1]["step"] > max(small)
+
+    def on_start(cluster, handles, generation):
+        if generation == 0:
+            _watch(run_dir, lambda r: True, lambda r: times.setdefault("first", time.monotonic()))
+            _watch(run_dir, lambda r: r[-1]["step"] >= args.kill_at, kill)
+        elif "shrunk" in times or "kill" in times:
+            _watch(run_dir, grown, lambda r: times.setdefault("grown", time.monotonic()))
+
+    with fray.LocalCluster(heartbeat_timeout_s=600.0) as cluster:
+        status = launch_multislice(
+            _config(run_dir, root / "cache", args, args.slices, args.slices - 1),
+            cluster=cluster,
+            on_start=on_start,
+        )
+    events = read_status(run_dir)["events"]
+    rejoined = next((e["time"] for e in events if e["kind"] == "rejoining"), None)
+    grown_wall = None
+    if "grown" in times:
+        grown_wall = time.time() - (time.monotonic() - times["grown"])
+    return {
+        "exit_status": status,
+        "elastic_shrink_s": times["shrunk"] - times["kill"] if "shrunk" in times else None,
+        "elastic_grow_s": (grown_wall - rejoined) if grown_wall and rejoined else None,
+        "reference_start_s": times["first"] - start if "first" in times else None,
+        "records": _steps(run_dir),
+    }
+
+
+def _warm(root: pathlib.Path, args) -> None:
+    """Runs one step at every size from slices-1 to slices, filling the compilation cache."""
+    from meltemi import fray
+    from meltemi.levanter.trainer import launch_multislice
+
+    for n in (args.slices - 1, args.slices):
+        run_dir = root / f"warm-{n}"
+        one = argparse.Namespace(**{**vars(args), "steps": 2})
+        with fray.LocalCluster(heartbeat_timeout_s=600.0) as cluster:
+            launch_multislice(_config(run_dir, root / "cache", one, n, n), cluster=cluster)
+
+
+def _reference_hashes(root: pathlib.Path, args) -> list[int]:
+    import jax
+
+    from meltemi.levanter.mesh import make_mesh
+    from meltemi.levanter.trainer import Trainer, build_parts
+
+    resolved = _config(root / "reference", root / "cache", args, args.slices, args.slices - 1)
+    mesh = make_mesh({"data": 1}, {"data": -1}, num_slices=args.slices,
+                     devices=jax.devices()[: args.slices])  # fmt: skip
+    Trainer(resolved, build_parts(resolved.config), mesh).run()
+    return [r["data/batch_hash"] for r in _steps(root / "reference")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--slices", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--kill_at", type=int, default=2)
+    parser.add_argument("--warm", action="store_true", help="fill the compile cache first")
+    parser.add_argument("--compile_cache", default="", help="default: <dir>/compile_cache")
+    parser.add_argument("--dir", default="", help="work directory (default: a temp dir)")
+    parser.add_argument("--out", default="", help="also write the JSON here")
+    args = parser.parse_args(argv)
+    if args.slices < 2:
+        print(f"error: --slices={args.slices}: needs at least 2 (one is lost)", file=sys.stderr)
+        return 2
+    if not 1 <= args.kill_at < args.steps - 2:
+        print(f"error: --kill_at={args.kill_at}: must be in 1..{args.steps - 3} for "
+              f"--steps={args.steps} (room to shrink and grow)", file=sys.stderr)  # fmt: skip
+        return 2
+    root = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="elastic-bench-"))
+    cache = args.compile_cache or str(root / "compile_cache")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = cache
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.slices}"
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if args.warm:
+        _warm(root, args)
+    reference = _reference_hashes(root, args)
+    result = _elastic_run(root, args)
+    records = result.pop("records")
+    out = {
+        **result,
+        "slices": args.slices,
+        "min_slices": args.slices - 1,
+        "warm_compile_cache": args.warm,
+        "steps_once": [r["step"] for r in records] == list(range(1, args.steps + 1)),
+        "hashes_equal": [r["data/batch_hash"] for r in records] == reference,
+        "num_slices_by_step": [r["mesh/num_slices"] for r in records],
+        "goal_elastic_shrink_s": 20.0,
+    }
+    text = json.dumps(out, indent=1)
+    print(text)
+    if args.out:
+        pathlib.Path(args.out).write_text(text + "\n")
+    return 0 if out["steps_once"] and out["hashes_equal"] and out["exit_status"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""Runs of a sweep as fray actors: one process per worker, one run at a time each.
+
+A run is the ordinary trainer (`meltemi.levanter.trainer.train`) in its own run directory.
+When it finishes, the worker writes `result.json` there (atomically) with the run's config
+digest; a rerun of the sweep skips every run whose `result.json` matches its config, and a
+run without one (killed, preempted) is started again, which resumes from its newest
+checkpoint. A worker process that dies is replaced and its run tried once more.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pathlib
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from meltemi import data as md
+from meltemi import fray
+from meltemi.levanter.checkpoint import CheckpointError
+from meltemi.levanter.config import ConfigError, ResolvedConfig, resolve
+from meltemi.levanter.trainer import build_parts, train
+
+RESULT = "result.json"
+_USER_ERRORS = (ConfigError, CheckpointError, md.StoreError)
+
+
+def read_result(run_dir: pathlib.Path, digest: str) -> dict[str, Any] | None:
+    """The finished run's record if `run_dir` holds one for this config digest.
+
+    Raises:
+        ValueError: the run finished under another config (its result would be mixed in).
+    """
+    path = pathlib.Path(run_dir) / RESULT
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    if record.get("config_digest") != digest:
+        raise ValueError(
+            f"{run_dir} finished with another config (digest {record.get('config_digest')!r:.14}"
+            f", now {digest:.12}); use a new --config.run_dir, or delete {run_dir} to retrain it."
+        )
+    return record
+
+
+class SweepWorker:
+    """A fray actor that trains one run per call (in its own process under LocalCluster)."""
+
+    def run(self, config_json: str, digest: str) -> dict[str, Any]:
+        """Trains (or resumes) the run, writes its `result.json`, returns the record."""
+        resolved = ResolvedConfig.from_json(config_json)
+        start = time.perf_counter()
+        spec = resolve(resolved)
+        # build_store locks a store even to find it up to date, and refuses a second caller
+        # instead of waiting: the workers of one sweep open the stores one at a time.
+        lock = pathlib.Path(spec.run_dir).parent / ".stores.lock"
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        with open(lock, "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            parts = build_parts(spec)
+        result = train(spec, parts)
+        record = {
+            "config_digest": digest,
+            "step": result.step,
+            "start_step": result.start_step,
+            "finished": result.step == int(resolved.config.trainer.num_train_steps),
+            "eval": result.eval,
+            "final_train_loss": result.losses[max(result.losses)] if result.losses else None,
+            "seconds": time.perf_counter() - start,
+            "compile_s": result.compile_s,
+            "tokens_per_s": result.tokens_per_s,
+            "pid": os.getpid(),
+        }
+        if record["finished"]:
+            path = pathlib.Path(result.run_dir) / RESULT
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+            tmp.replace(path)
+        return record
+
+
+def make_cluster(kind: str, env: dict[str, str] | None = None) -> fray.Cluster:
+    """`local` (one process per worker), `ray` (`meltemi.fray.ray`) or `inprocess` (threads)."""
+    if kind == "local":
+        return fray.LocalCluster(call_timeout=None, heartbeat_timeout_s=600.0, env=env)
+    if kind == "ray":
+        from meltemi.fray.ray import RayCluster  # noqa: PLC0415 (the optional backend)
+
+        return RayCluster(call_timeout=None, heartbeat_timeout_s=600.0)
+    if kind == "inprocess":
+        return fray.InProcessCluster(call_timeout=None)
+    raise ValueError(f"--cluster={kind!r}: one of local, ray, inprocess")
+
+
+def run_all(
+    jobs: Sequence[tuple[str, str, str]],
+    cluster: fray.Cluster,
+    *,
+    parallel: int,
+    on_done: Callable[[str, dict[str, Any]], None] | None = None,
+    retries: int = 1,
+) -> dict[str, dict[str, Any]]:
+    """Runs `(name, config_json, digest)` jobs on `parallel` workers; returns records by name.
+
+    Args:
+        jobs: the runs to train, largest first is best (they start in this order).
+        cluster: where the workers live.
+        parallel: workers (processes) at once.
+        on_done: called with `(name, record)` as each run finishes.
+        retries: extra attempts for a run whose worker died (the run resumes).
+
+    Raises:
+        RuntimeError: a run failed (its error and which run), after the others finished.
+    """
+    todo: queue.Queue = queue.Queue()
+    for job in jobs:
+        todo.put((job, 0))
+    records: dict[str, dict[str, Any]] = {}
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def spawn(rank: int) -> fray.ActorHandle:
+        return cluster.spawn(SweepWorker, name=f"isoflop-worker-{rank}-{time.monotonic_ns()}")
+
+    def work(rank: int) -> None:
+        handle = None
+        while True:
+            try:
+                (name, config_json, digest), attempt = todo.get_nowait()
+            except queue.Empty:
+                break
+            try:
+                handle = handle or spawn(rank)
+                record = handle.run.options(timeout=None)(config_json, digest)
+            except (fray.ActorDied, fray.ConnectionLost, fray.ActorRestarted) as e:
+                handle = None
+                if attempt < retries:
+                    print(f"isoflop: worker died during {name} ({e}); retrying", file=sys.stderr)
+                    todo.put(((name, config_json, digest), attempt + 1))
+                else:
+                    with lock:
+                        errors.append(f"{name}: {e}")
+                continue
+            except fray.RemoteError as e:
+                with lock:
+                    if not errors and not isinstance(e.cause, _USER_ERRORS):  # a bug: show once
+                        print(f"isoflop: {name} raised:\n{e.traceback}", file=sys.stderr)
+                    errors.append(f"{name}: {e.type_name.rsplit('.', 1)[-1]}: {e.message}")
+                continue
+            with lock:
+                records[name] = record
+            if on_done is not None:
+                on_done(name, record)
+        if handle is not None:
+            cluster.kill(handle)
+
+    threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(parallel)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError("runs failed: " + "; ".join(errors))
+    return records

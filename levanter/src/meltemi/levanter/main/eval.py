@@ -1,0 +1,161 @@
+"""The evaluation binary: loss and bits per byte of a checkpoint on every evaluation set.
+
+    ./bazelw run //levanter:eval -- --checkpoint=runs/default/checkpoints/step_400
+    ./bazelw run //levanter:eval -- --checkpoint=runs/default \
+        --eval_files=wiki=data/wiki_val.jsonl,code=data/code_val.jsonl
+    ./bazelw run //levanter:eval -- --checkpoint=hf/llama --eval_files=web=web.jsonl \
+        --seq_len=2048
+
+A run checkpoint is evaluated with its run's config (`<run_dir>/config.json`, or `--config`)
+on the config's evaluation sets, exactly as the trainer evaluates it; a Hugging Face directory
+on the `--config`'s sets (if given) and `--eval_files`. Prints a table and writes `eval.json`
+into the checkpoint directory (or `--output`). Exit status 2 with one `error:` line for a
+missing checkpoint, a bad `--eval_files` or a config error.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+from collections.abc import Sequence
+
+from absl import app, flags
+from absl import logging as absl_logging
+from ml_collections import config_flags
+
+from meltemi import data as md
+from meltemi.levanter.checkpoint import CheckpointError
+from meltemi.levanter.config import (
+    ConfigError,
+    load_config,
+    parse_override_args,
+    resolve_path,
+)
+
+_STATE: dict = {}
+
+
+def user_path(text: str) -> str:
+    """`text` relative to the directory the user ran the command from (not bazel's runfiles)."""
+    path = pathlib.Path(text).expanduser()
+    if text and not path.is_absolute():
+        path = pathlib.Path(os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()) / path
+    return str(path) if text else text
+
+
+def _config_spec(argv: Sequence[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            return arg[len("--config=") :]
+        if arg == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def _absolute_config(spec: str) -> str:
+    path, sep, variant = spec.partition(".py:")
+    path = path + ".py" if sep else spec
+    return str(resolve_path(path)) + (":" + variant if sep else "")
+
+
+def define_flags() -> None:
+    """Registers the binary's flags (called only when it runs)."""
+    config_flags.DEFINE_config_file(
+        "config",
+        None,
+        "The run's config (path/to/config.py[:variant], with --config.section.key=value "
+        "overrides); default: the run directory's config.json.",
+        lock_config=True,
+    )
+    flags.DEFINE_string(
+        "checkpoint",
+        None,
+        "A run checkpoint (runs/<name>/checkpoints/step_N), a run directory (its newest "
+        "checkpoint) or a Hugging Face directory (config.json + *.safetensors).",
+    )
+    flags.DEFINE_string(
+        "eval_files", "", "Extra evaluation sets: NAME=PATH[,NAME=PATH...] (text/jsonl/parquet)."
+    )
+    flags.DEFINE_integer("seq_len", 0, "Tokens per row (0: the config's data.seq_len, or 1024).")
+    flags.DEFINE_integer("batch_size", 0, "Rows per batch (0: the config's eval.batch_size, or 8).")
+    flags.DEFINE_integer(
+        "num_batches", 0, "Batches per set (0: the config's eval.num_batches, or 4)."
+    )
+    flags.DEFINE_string("output", "", "Where to write eval.json (default: the checkpoint's dir).")
+
+
+def _parse(argv: list[str]) -> list[str]:
+    argv = list(argv)
+    spec = _config_spec(argv)
+    if spec is not None:
+        argv = [
+            "--config=" + _absolute_config(spec) if a.startswith("--config=") else a for a in argv
+        ]
+        try:
+            _STATE["config"] = load_config(_absolute_config(spec), parse_override_args(argv))
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main(argv: Sequence[str]) -> int:
+    """Runs the binary; a mistake is one `error:` line and status 2."""
+    from meltemi.levanter.evaluation import evaluate_checkpoint, format_table
+
+    FLAGS = flags.FLAGS  # noqa: N806
+    if len(argv) > 1:
+        print(f"error: unexpected arguments {argv[1:]}; flags take --name=value.", file=sys.stderr)
+        return 2
+    if not FLAGS["verbosity"].present:
+        absl_logging.set_verbosity(absl_logging.WARNING)
+    if not FLAGS.checkpoint:
+        print(
+            "error: pass --checkpoint=DIR (runs/<name>/checkpoints/step_N, a run directory or "
+            "a Hugging Face directory).",
+            file=sys.stderr,
+        )
+        return 2
+    for name in ("seq_len", "batch_size", "num_batches"):
+        if FLAGS[name].value < 0:
+            print(f"error: --{name}={FLAGS[name].value}: must be >= 0 (0: the default).",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+    files = []
+    for entry in FLAGS.eval_files.split(","):
+        name, sep, path = entry.partition("=")
+        files.append(f"{name}={user_path(path.strip())}" if sep and path.strip() else entry)
+    try:
+        data, path = evaluate_checkpoint(
+            user_path(FLAGS.checkpoint),
+            config=_STATE.get("config"),
+            eval_files=",".join(files),
+            seq_len=FLAGS.seq_len,
+            batch_size=FLAGS.batch_size,
+            num_batches=FLAGS.num_batches,
+            output=user_path(FLAGS.output) or None,
+        )
+    except (ConfigError, CheckpointError, md.StoreError, md.SourceError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    step = f" (step {data['step']})" if data.get("step") is not None else ""
+    print(f"{data['checkpoint']}{step}: {data['kind']} checkpoint, {data['seq_len']}-token rows, "
+          f"{data['num_batches']} x {data['batch_size']} rows per set")  # fmt: skip
+    print(format_table(data["sets"]))
+    print(f"wrote {path}")
+    return 0
+
+
+def run() -> None:
+    """Entry point: defines the flags and runs `main`."""
+    define_flags()
+    app.run(lambda argv: sys.exit(main(argv)), flags_parser=_parse)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,133 @@
+"""`SliceWorker`: one slice of a multislice job, a process joined to the others by
+`jax.distributed` on loopback (CPU collectives over gloo)."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import jax
+
+from meltemi.levanter.config import ResolvedConfig
+from meltemi.levanter.trainer._preemption import Preemption, install_sigterm_handler
+from meltemi.levanter.trainer._trainer import train
+
+#: Signal from the launcher: "stop at the next step boundary and save" so the gang can
+#: re-form at a new size (a replacement slice is ready to join).
+RESIZE_SIGNAL = signal.SIGUSR1
+
+# This process got SIGTERM itself (its slice is being preempted), or the launcher asked the
+# gang to stop for a resize. Either also sets the trainer's stop flag: all slices agree to
+# stop at the same step and save a checkpoint there.
+_TERMINATED = threading.Event()
+_RESIZE = threading.Event()
+
+
+def _install_handlers() -> None:
+    if not install_sigterm_handler():  # not the main thread: signals stay as they are
+        return
+    stop = signal.getsignal(signal.SIGTERM)  # the trainer's: sets its stop flag
+
+    def on_sigterm(signum, frame):
+        _TERMINATED.set()
+        stop(signum, frame)
+
+    def on_resize(signum, frame):
+        _RESIZE.set()
+        stop(signal.SIGTERM, frame)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(RESIZE_SIGNAL, on_resize)
+
+
+def peak_rss_mb() -> float:
+    """The peak resident memory of this process so far, in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+class SliceWorker:
+    """One slice of a multislice job: a process holding that slice's devices.
+
+    A worker runs one gang (`run`) and is then replaced: `jax.distributed` cannot change its
+    process count in place, so a gang of a new size is a new set of processes.
+    """
+
+    def __init__(self):
+        # The constructor runs in the actor process's main thread, calls in worker threads:
+        # only here can SIGTERM be turned into "save a checkpoint and stop".
+        _install_handlers()
+
+    def info(self) -> dict[str, Any]:
+        """This process's pid (the launcher's status and signals need it on every backend)."""
+        return {"pid": os.getpid()}
+
+    def run(
+        self,
+        slice_index: int,
+        rank: int,
+        num_slices: int,
+        coordinator: str,
+        config_json: str,
+        local_devices: int,
+        compile_cache: str = "",
+    ) -> dict[str, Any]:
+        """Joins a gang of `num_slices` processes as `rank`, trains (or resumes) and reports.
+
+        Args:
+            slice_index: the slice this process holds (stable across re-forms).
+            rank: its place in this gang (the `jax.distributed` process id).
+            num_slices: the gang's size (the mesh is built for this many slices).
+            coordinator: `host:port` of the `jax.distributed` coordinator.
+            config_json: the job's `ResolvedConfig`, as JSON.
+            local_devices: devices of this process.
+            compile_cache: a persistent compilation cache directory ("" for none): a gang
+                re-formed at a size seen before starts without compiling.
+        """
+        os.environ["MELTEMI_SLICE_INDEX"] = str(slice_index)
+        # The launcher's fake-device flag (tests) must not leak into the slice processes:
+        # each slice has `local_devices` devices.
+        flags = os.environ.get("XLA_FLAGS", "").split()
+        flags = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count")]
+        os.environ["XLA_FLAGS"] = " ".join(flags)
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        if compile_cache:
+            jax.config.update("jax_compilation_cache_dir", compile_cache)
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+            jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        if jax.config.jax_platforms in (None, "", "cpu"):
+            jax.config.update("jax_num_cpu_devices", local_devices)
+        start = time.perf_counter()
+        resolved = ResolvedConfig.from_json(config_json)
+        resolved.config.mesh.num_slices = num_slices  # this gang's size (target: the launcher's)
+        jax.distributed.initialize(
+            coordinator_address=coordinator,
+            num_processes=num_slices,
+            process_id=rank,
+            initialization_timeout=120,
+        )
+        joined = time.perf_counter()
+        print(f"slice {slice_index}: rank {rank} of {num_slices}, joined in "
+              f"{joined - start:.1f} s", file=sys.stderr, flush=True)  # fmt: skip
+        result = train(resolved)
+        print(f"slice {slice_index}: trained steps {result.start_step}-{result.step} in "
+              f"{time.perf_counter() - joined:.1f} s", file=sys.stderr, flush=True)  # fmt: skip
+        jax.distributed.shutdown()
+        return {
+            "slice": slice_index,
+            "start_step": result.start_step,
+            "step": result.step,
+            "preempted": result.preempted,
+            # This process was asked to stop (SIGTERM: its slice is preempted) other than by
+            # a resize. Calls may run in the main thread, where the loop's `Preemption`
+            # handles SIGTERM itself, so its flag is read, not only ours.
+            "terminated": (_TERMINATED.is_set() or Preemption().requested) and not _RESIZE.is_set(),
+            "resized": _RESIZE.is_set(),
+            "losses": result.losses,
+            "summary": result.summary,
+            "peak_rss_mb": peak_rss_mb(),
+        }

@@ -1,0 +1,223 @@
+"""lm-evaluation-harness: our `meltemi` model against lm-eval's own `hf` model, offline.
+
+One tiny random Llama and a character-level tokenizer are built here and saved as a Hugging
+Face directory (nothing is downloaded); both models read that same directory, so any
+difference is in the adapter: tokenization, truncation, batching or scoring.
+"""
+
+import os
+
+# Before lm-eval, datasets and huggingface_hub are imported (they read these at import).
+for _key in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    os.environ.setdefault(_key, "1")
+
+import string  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import _subprocess  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tokenizers  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.models.huggingface import HFLM  # noqa: E402
+
+from meltemi.levanter.evaluation import EvalError  # noqa: E402
+from meltemi.levanter.harness import MeltemiLM, harness_metrics, run_tasks  # noqa: E402
+
+TASK = "meltemi_tiny_mc"
+HARNESS = _subprocess.TRAIN.parent / "harness.py"
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    chars = sorted(set(string.printable))
+    vocab = {"<unk>": 0, "<bos>": 1, "<eos>": 2, **{c: i + 3 for i, c in enumerate(chars)}}
+    vocab.update({f"<filler{i}>": i for i in range(len(vocab), 128)})
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
+    tok.decoder = tokenizers.decoders.Fuse()
+    tok.add_special_tokens(["<unk>", "<bos>", "<eos>"])
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
+    fast.save_pretrained(root)
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(
+                (1.0 + 0.2 * torch.randn_like(p)) if "norm" in name else 0.3 * torch.randn_like(p)
+            )
+    model.save_pretrained(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def ours(hf_dir):
+    return MeltemiLM(checkpoint=str(hf_dir), batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def theirs(hf_dir):
+    return HFLM(pretrained=str(hf_dir), dtype="float32", device="cpu", batch_size=8)
+
+
+def _by_doc(results):
+    return {s["doc_id"]: s for s in results["samples"][TASK]}
+
+
+def test_task_log_likelihoods_and_accuracy_match_lm_evals_hf_model(ours, theirs):
+    a = run_tasks(ours, [TASK], log_samples=True)
+    b = run_tasks(theirs, [TASK], log_samples=True)
+    docs_a, docs_b = _by_doc(a), _by_doc(b)
+    assert sorted(docs_a) == sorted(docs_b) == list(range(20))
+    for doc, sample in docs_a.items():
+        ll_a = [float(r[0][0]) for r in sample["resps"]]
+        ll_b = [float(r[0][0]) for r in docs_b[doc]["resps"]]
+        np.testing.assert_allclose(ll_a, ll_b, atol=1e-4, rtol=0)
+        assert [r[0][1] for r in sample["resps"]] == [r[0][1] for r in docs_b[doc]["resps"]]
+        assert sample["acc"] == docs_b[doc]["acc"]
+    metrics = harness_metrics(a)
+    assert metrics[f"harness/{TASK}/acc"] == harness_metrics(b)[f"harness/{TASK}/acc"]
+    assert set(metrics) == {f"harness/{TASK}/acc", f"harness/{TASK}/acc_norm"}
+
+
+def _requests(kind, args):
+    return [Instance(kind, doc={}, arguments=a, idx=i) for i, a in enumerate(args)]
+
+
+def test_rolling_log_likelihood_over_several_windows_matches(hf_dir, theirs):
+    # max_length 24: a 70-character text takes three windows.
+    short = MeltemiLM(checkpoint=str(hf_dir), batch_size=2, max_length=24)
+    theirs._max_length = 24
+    try:
+        texts = [("The quick brown fox jumps over the lazy dog, again and again and again.",),
+                 ("Short one.",)]  # fmt: skip
+        a = short.loglikelihood_rolling(_requests("loglikelihood_rolling", texts))
+        b = theirs.loglikelihood_rolling(_requests("loglikelihood_rolling", texts))
+    finally:
+        theirs._max_length = None
+    np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
+
+
+def test_greedy_generate_until_matches(ours, theirs):
+    args = [("Question: Two plus two equals", {"until": ["\n"], "max_gen_toks": 6}),
+            ("Snow is", {"until": ["."], "max_gen_toks": 9, "do_sample": False})]  # fmt: skip
+    a = ours.generate_until(_requests("generate_until", args))
+    b = theirs.generate_until(_requests("generate_until", args))
+    assert a == b and all(isinstance(t, str) for t in a)
+
+
+def test_errors_name_the_fix(tmp_path, ours):
+    with pytest.raises(EvalError, match=r"needs a checkpoint: --model_args checkpoint=DIR"):
+        MeltemiLM()
+    with pytest.raises(EvalError, match=r"--checkpoint=.*no such directory"):
+        MeltemiLM(checkpoint=str(tmp_path / "missing"))
+    with pytest.raises(EvalError, match=r"unknown to lm-eval.*Did you mean meltemi_tiny_mc"):
+        run_tasks(ours, ["meltemi_tiny_mcc"])
+
+
+def test_the_binary_prints_the_table_and_writes_harness_json(hf_dir, tmp_path):
+    out = tmp_path / "harness.json"
+    env = _subprocess.env()
+    cmd = [sys.executable, str(HARNESS), f"--checkpoint={hf_dir}", f"--tasks={TASK}",
+           "--limit=4", f"--output={out}"]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert TASK in proc.stdout and "acc" in proc.stdout
+    import json
+
+    data = json.loads(out.read_text())
+    assert 0.0 <= data["metrics"][f"harness/{TASK}/acc"] <= 1.0
+    bad = subprocess.run(
+        [sys.executable, str(HARNESS), f"--checkpoint={tmp_path / 'nope'}", f"--tasks={TASK}"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines()[-1].startswith("error: --checkpoint=")
+    assert os.path.exists(out)
+
+
+# -- the harness during training ---------------------------------------------------------------
+
+
+def _resolved(root, *extra):
+    from meltemi.levanter.config import load_config
+
+    return load_config(
+        f"{_subprocess.DEFAULT}:smoke",
+        [("run_dir", str(root / "run")), ("data.cache_dir", str(root / "cache")),
+         ("eval.num_batches", "0"), *extra],
+    )  # fmt: skip
+
+
+def test_harness_keys_are_checked(tmp_path):
+    from meltemi.levanter.config import ConfigError, InertKeyError, resolve
+
+    with pytest.raises(ConfigError, match=r"eval.harness_tasks=.* needs eval.harness_every_steps"):
+        resolve(_resolved(tmp_path, ("eval.harness_tasks", "('meltemi_tiny_mc',)")))
+    with pytest.raises(InertKeyError, match=r"eval.harness_every_steps=5 has no effect without"):
+        resolve(_resolved(tmp_path, ("eval.harness_every_steps", "5")))
+    with pytest.raises(InertKeyError, match=r"eval.harness_limit=3 has no effect without"):
+        resolve(_resolved(tmp_path, ("eval.harness_limit", "3")))
+    with pytest.raises(ConfigError, match=r"eval.harness_tasks=.*a task is named twice"):
+        resolve(_resolved(tmp_path, ("eval.harness_tasks", "('a','a')"),
+                          ("eval.harness_every_steps", "1")))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"harness_include_path: .* is not a directory"):
+        resolve(_resolved(tmp_path, ("eval.harness_tasks", "('a',)"),
+                          ("eval.harness_every_steps", "1"),
+                          ("eval.harness_include_path", f"('{tmp_path / 'nope'}',)")))  # fmt: skip
+    spec = resolve(_resolved(tmp_path, ("eval.harness_tasks", "('meltemi_tiny_mc',)"),
+                             ("eval.harness_every_steps", "2")))  # fmt: skip
+    assert spec.eval.harness_tasks == ("meltemi_tiny_mc",) and spec.eval.harness_every_steps == 2
+
+
+def test_the_trainer_runs_the_harness_and_logs_it(tmp_path):
+    import json
+
+    import jax
+
+    from meltemi.levanter.config import resolve
+    from meltemi.levanter.mesh import make_mesh
+    from meltemi.levanter.trainer import Trainer
+
+    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    bad = resolve(_resolved(tmp_path, ("eval.harness_tasks", "('meltemi_tiny_mcq',)"),
+                            ("eval.harness_every_steps", "1")))  # fmt: skip
+    with pytest.raises(EvalError, match=r"'meltemi_tiny_mcq' is unknown to lm-eval"):
+        Trainer(bad, mesh=mesh)  # before any step
+    spec = resolve(
+        _resolved(
+            tmp_path,
+            ("eval.harness_tasks", "('meltemi_tiny_mc',)"),
+            ("eval.harness_every_steps", "1"),
+            ("eval.harness_limit", "4"),
+        )
+    )
+    Trainer(spec, mesh=mesh).run()  # fmt: skip
+    records = [
+        json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().split("\n") if x
+    ]
+    key = f"harness/{TASK}/acc"
+    assert [r["step"] for r in records if key in r] == [1, 2]
+    # The logged numbers are the final parameters' (what the checkpoint holds).
+    lm = MeltemiLM(checkpoint=str(tmp_path / "run"))
+    again = harness_metrics(run_tasks(lm, [TASK], limit=4))
+    assert again[key] == records[-1][key]
+    assert again[f"harness/{TASK}/acc_norm"] == records[-1][f"harness/{TASK}/acc_norm"]
