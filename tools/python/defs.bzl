@@ -44,6 +44,7 @@ def meltemi_library_checks(name, lib, meltemi_deps = []):
         srcs = native.glob(["pyproject.toml", "README.md", "CHANGELOG.md", "LICENSE", "src/**"], exclude = ["**/__pycache__/**"]),
         visibility = ["//visibility:public"],
     )
+
     # What the documentation site links to besides the README: figures, bench results.
     native.filegroup(
         name = "doc_files",
