@@ -13,6 +13,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+import meltemi.data as md
 import meltemi.models as mm
 from meltemi.levanter.config import base_config, flatten, load_config, resolve
 from meltemi.levanter.config._spec import COMPUTE_DTYPES, SOURCES, VERIFY_MODES
@@ -32,6 +33,9 @@ ENUMS = {
     "checkpoint.verify": VERIFY_MODES,
     "logging.wandb_mode": ("offline", "disabled"),
     "data.source": SOURCES,
+    "data.packing": md.PACKINGS,
+    # "splash" needs a TPU (its error on other platforms is tested in //models).
+    "model.attention_backend": ("auto", "xla", "dot_product_attention"),
     "model.family": ("llama", "qwen3", "gpt2", "gemma"),  # the dense families
     "model.activation": mm.ACTIVATIONS,
     "model.remat": mm.REMAT_POLICIES,
