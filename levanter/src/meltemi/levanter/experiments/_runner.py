@@ -85,7 +85,8 @@ class SweepWorker:
 
 
 def make_cluster(kind: str, env: dict[str, str] | None = None) -> fray.Cluster:
-    """`local` (one process per worker), `ray` (`meltemi.fray.ray`) or `inprocess` (threads)."""
+    """`local` (one process per worker), `ray` (`meltemi.fray.ray`) or `inprocess` (threads,
+    which run one at a time)."""
     if kind == "local":
         return fray.LocalCluster(call_timeout=None, heartbeat_timeout_s=600.0, env=env)
     if kind == "ray":
@@ -117,6 +118,11 @@ def run_all(
     Raises:
         RuntimeError: a run failed (its error and which run), after the others finished.
     """
+    if isinstance(cluster, fray.InProcessCluster):
+        # Threads of one process share orbax's event loop and signal threads, and a failed
+        # save releases them process-wide: concurrent in-process runs would break each other's
+        # checkpoints. One at a time (use `local` or `ray` for parallel runs).
+        parallel = 1
     todo: queue.Queue = queue.Queue()
     for job in jobs:
         todo.put((job, 0))
