@@ -144,3 +144,25 @@ def test_smoke_run_with_one_key_flipped(key, value, cache, tmp_path, monkeypatch
     result = train(load_config(spec, list(overrides.items())))
     assert result.step == 2 and sorted(result.losses) == [1, 2]
     assert np.isfinite(list(result.losses.values())).all()
+
+
+# The families added for Hugging Face breadth (#13), each trained by the trainer for 2 steps.
+NEW_FAMILIES = ("tiny-mistral", "tiny-gemma2", "tiny-gemma3", "tiny-qwen2", "tiny-olmo2")
+
+
+@pytest.mark.parametrize("preset", NEW_FAMILIES)
+def test_the_trainer_trains_each_model_family(preset, cache, tmp_path):
+    overrides = {
+        "model.preset": preset,
+        "run_dir": str(tmp_path / "run"),
+        "data.cache_dir": str(cache),
+        "eval.num_batches": "0",
+        "trainer.peak_flops_per_device": "1e12",
+    }
+    resolved = load_config(SMOKE, list(overrides.items()))
+    assert resolve(resolved.config).model.family == preset.removeprefix("tiny-").replace(
+        "gemma3", "gemma3_text"
+    )
+    result = train(resolved)
+    assert result.step == 2 and sorted(result.losses) == [1, 2]
+    assert np.isfinite(list(result.losses.values())).all()
