@@ -1,11 +1,12 @@
-"""The binaries: `train` (the trainer), `plot` (redraw a loss curve) and `bench`.
+"""The binaries: `train` (the trainer), `isoflop`, `eval`, `harness`, `status`, `plot`.
 
-They define their absl flags only when run, so importing them (e.g. for doctests) is harmless.
+They define their absl flags only when run, so importing them (e.g. for doctests) is harmless;
+they parse `--config` and its overrides one way (`_flags.parse`).
 
 Example:
     >>> from meltemi.levanter.main import train
-    >>> train.config_arg(["train", "--config=levanter/configs/default.py:smoke"])
-    'levanter/configs/default.py:smoke'
+    >>> callable(train.run)
+    True
 """
 
 __all__: list[str] = []

@@ -15,48 +15,20 @@ missing checkpoint, a bad `--eval_files` or a config error.
 
 from __future__ import annotations
 
-import os
-import pathlib
 import sys
 from collections.abc import Sequence
 
-from absl import app, flags
+from absl import flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from meltemi import data as md
 from meltemi.levanter.checkpoint import CheckpointError
-from meltemi.levanter.config import (
-    ConfigError,
-    load_config,
-    parse_override_args,
-    resolve_path,
-)
+from meltemi.levanter.config import ConfigError
+from meltemi.levanter.main import _flags
+from meltemi.levanter.main._flags import user_path
 
 _STATE: dict = {}
-
-
-def user_path(text: str) -> str:
-    """`text` relative to the directory the user ran the command from (not bazel's runfiles)."""
-    path = pathlib.Path(text).expanduser()
-    if text and not path.is_absolute():
-        path = pathlib.Path(os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()) / path
-    return str(path) if text else text
-
-
-def _config_spec(argv: Sequence[str]) -> str | None:
-    for i, arg in enumerate(argv):
-        if arg.startswith("--config="):
-            return arg[len("--config=") :]
-        if arg == "--config" and i + 1 < len(argv):
-            return argv[i + 1]
-    return None
-
-
-def _absolute_config(spec: str) -> str:
-    path, sep, variant = spec.partition(".py:")
-    path = path + ".py" if sep else spec
-    return str(resolve_path(path)) + (":" + variant if sep else "")
 
 
 def define_flags() -> None:
@@ -86,22 +58,7 @@ def define_flags() -> None:
 
 
 def _parse(argv: list[str]) -> list[str]:
-    argv = list(argv)
-    spec = _config_spec(argv)
-    if spec is not None:
-        argv = [
-            "--config=" + _absolute_config(spec) if a.startswith("--config=") else a for a in argv
-        ]
-        try:
-            _STATE["config"] = load_config(_absolute_config(spec), parse_override_args(argv))
-        except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    return _flags.parse(argv, _STATE)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -153,8 +110,7 @@ def main(argv: Sequence[str]) -> int:
 
 def run() -> None:
     """Entry point: defines the flags and runs `main`."""
-    define_flags()
-    app.run(lambda argv: sys.exit(main(argv)), flags_parser=_parse)
+    _flags.run(define_flags, main, _parse)
 
 
 if __name__ == "__main__":

@@ -18,13 +18,14 @@ import json
 import sys
 from collections.abc import Sequence
 
-from absl import app, flags
+from absl import flags
 from absl import logging as absl_logging
 
 from meltemi import data as md
 from meltemi.levanter.checkpoint import CheckpointError
 from meltemi.levanter.config import ConfigError
-from meltemi.levanter.main.eval import user_path
+from meltemi.levanter.main import _flags
+from meltemi.levanter.main._flags import user_path
 
 
 def define_flags() -> None:
@@ -46,11 +47,7 @@ def define_flags() -> None:
 
 
 def _parse(argv: list[str]) -> list[str]:
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    return _flags.parse(argv, {})
 
 
 def main(argv: Sequence[str]) -> int:
@@ -124,8 +121,7 @@ def format_results(results: dict) -> str:
 
 def run() -> None:
     """Entry point: defines the flags and runs `main`."""
-    define_flags()
-    app.run(lambda argv: sys.exit(main(argv)), flags_parser=_parse)
+    _flags.run(define_flags, main, _parse)
 
 
 if __name__ == "__main__":

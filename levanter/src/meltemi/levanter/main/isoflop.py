@@ -16,16 +16,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from absl import app, flags
+from absl import flags
 from absl import logging as absl_logging
 
 from meltemi import data as md
 from meltemi.levanter.checkpoint import CheckpointError
-from meltemi.levanter.config import ConfigError, load_config, parse_override_args
+from meltemi.levanter.config import ConfigError
 from meltemi.levanter.experiments import Experiment, SweepRunError
-from meltemi.levanter.main.train import _absolute_config, config_arg
+from meltemi.levanter.main import _flags
 
-_RESOLVED = {}
+_RESOLVED: dict = {}
 
 
 def define_flags() -> None:
@@ -58,22 +58,9 @@ def define_flags() -> None:
 
 
 def _parse(argv: list[str]) -> list[str]:
-    argv = _absolute_config(list(argv))
-    spec = config_arg(argv)
-    if spec is None:
-        print("error: pass a config, e.g. --config=levanter/configs/isoflop.py", file=sys.stderr)
-        sys.exit(2)
-    try:
-        _RESOLVED["config"] = load_config(spec, parse_override_args(argv))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    rest = [a for a in argv if not a.startswith("--config.")]
-    try:
-        return flags.FLAGS(rest)
-    except flags.Error as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    return _flags.parse(
+        argv, _RESOLVED, example="levanter/configs/isoflop.py", keep_overrides=False
+    )
 
 
 def main(argv: Sequence[str]) -> int:
@@ -108,8 +95,7 @@ def main(argv: Sequence[str]) -> int:
 
 def run() -> None:
     """Entry point: defines the flags and runs `main`."""
-    define_flags()
-    app.run(lambda argv: sys.exit(main(argv)), flags_parser=_parse)
+    _flags.run(define_flags, main, _parse)
 
 
 if __name__ == "__main__":

@@ -15,20 +15,14 @@ import os
 import sys
 from collections.abc import Sequence
 
-from absl import app, flags
+from absl import flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from meltemi import data as md
 from meltemi.levanter.checkpoint import CheckpointError
-from meltemi.levanter.config import (
-    ConfigError,
-    load_config,
-    parse_override_args,
-    resolve,
-    resolve_path,
-    resolve_run_dir,
-)
+from meltemi.levanter.config import ConfigError, resolve, resolve_run_dir
+from meltemi.levanter.main import _flags
 from meltemi.levanter.trainer import (
     PREEMPTED_EXIT_CODE,
     Trainer,
@@ -37,34 +31,7 @@ from meltemi.levanter.trainer import (
     launch_multislice,
 )
 
-_RESOLVED = {}
-
-
-def config_arg(argv: Sequence[str]) -> str | None:
-    """The value of `--config` in a command line (None if absent)."""
-    args = list(argv)
-    for i, arg in enumerate(args):
-        for prefix in ("--config=", "-config="):
-            if arg.startswith(prefix):
-                return arg[len(prefix) :]
-        if arg in ("--config", "-config") and i + 1 < len(args):
-            return args[i + 1]
-    return None
-
-
-def _absolute_config(argv: list[str]) -> list[str]:
-    # absl loads the file relative to the cwd, which under `bazel run` is the runfiles tree;
-    # the user meant their own directory.
-    out = []
-    for arg in argv:
-        if arg.startswith("--config="):
-            spec = arg[len("--config=") :]
-            path, sep, variant = spec.partition(".py:")
-            path = path + ".py" if sep else spec
-            resolved = str(resolve_path(path))
-            arg = "--config=" + resolved + (":" + variant if sep else "")
-        out.append(arg)
-    return out
+_RESOLVED: dict = {}
 
 
 def define_flags() -> None:
@@ -105,21 +72,7 @@ def define_flags() -> None:
 
 
 def _parse(argv: list[str]) -> list[str]:
-    argv = _absolute_config(list(argv))
-    spec = config_arg(argv)
-    if spec is None:
-        print("error: pass a config, e.g. --config=levanter/configs/default.py", file=sys.stderr)
-        sys.exit(2)
-    try:
-        _RESOLVED["config"] = load_config(spec, parse_override_args(argv))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    return _flags.parse(argv, _RESOLVED, example="levanter/configs/default.py")
 
 
 def main(argv: Sequence[str]) -> int:
@@ -166,8 +119,7 @@ def main(argv: Sequence[str]) -> int:
 
 def run() -> None:
     """Entry point: defines the flags and runs `main`."""
-    define_flags()
-    app.run(lambda argv: sys.exit(main(argv)), flags_parser=_parse)
+    _flags.run(define_flags, main, _parse)
 
 
 if __name__ == "__main__":

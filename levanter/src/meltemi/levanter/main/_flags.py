@@ -1,0 +1,129 @@
+"""Command-line parsing shared by the binaries (`train`, `isoflop`, `eval`, `harness`).
+
+Every binary reads `--config=path/to/file.py[:variant]` the same way: the path is taken relative
+to the directory the user ran the command from (not bazel's runfiles tree), the config is loaded
+with its `--config.section.key=value` overrides before absl parses the other flags, and a mistake
+in either is one `error: ...` line on stderr and exit status 2, never a traceback.
+
+Example:
+    >>> config_arg(["train", "--config=levanter/configs/default.py:smoke", "--dry_run"])
+    'levanter/configs/default.py:smoke'
+    >>> config_arg(["eval", "--checkpoint=runs/a"]) is None
+    True
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from absl import app, flags
+
+from meltemi.levanter.config import ConfigError, load_config, parse_override_args, resolve_path
+
+USAGE_EXIT_CODE = 2
+
+
+def fail(message: str) -> NoReturn:
+    """Prints `error: message` to stderr and exits with status 2 (a usage or config mistake)."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(USAGE_EXIT_CODE)
+
+
+def user_path(text: str) -> str:
+    """`text` relative to the directory the user ran the command from (not bazel's runfiles)."""
+    path = pathlib.Path(text).expanduser()
+    if text and not path.is_absolute():
+        path = pathlib.Path(os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()) / path
+    return str(path) if text else text
+
+
+def config_arg(argv: Sequence[str]) -> str | None:
+    """The value of `--config` in a command line (None if absent)."""
+    args = list(argv)
+    for i, arg in enumerate(args):
+        for prefix in ("--config=", "-config="):
+            if arg.startswith(prefix):
+                return arg[len(prefix) :]
+        if arg in ("--config", "-config") and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def absolute_config(spec: str) -> str:
+    """`path.py[:variant]` with the path made absolute against the user's directory."""
+    path, sep, variant = spec.partition(".py:")
+    path = path + ".py" if sep else spec
+    return str(resolve_path(path)) + (":" + variant if sep else "")
+
+
+def _normalise(argv: Sequence[str]) -> list[str]:
+    # `--config PATH` becomes `--config=ABSOLUTE`: absl loads config files relative to the cwd,
+    # which under `bazel run` is the runfiles tree, not the directory the user meant.
+    out: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("--config", "-config") and i + 1 < len(args):
+            arg, i = "--config=" + args[i + 1], i + 1
+        elif arg.startswith("-config="):
+            arg = "-" + arg
+        if arg.startswith("--config="):
+            arg = "--config=" + absolute_config(arg[len("--config=") :])
+        out.append(arg)
+        i += 1
+    return out
+
+
+def parse(
+    argv: Sequence[str],
+    state: dict,
+    *,
+    example: str | None = None,
+    keep_overrides: bool = True,
+    flag_values: flags.FlagValues = flags.FLAGS,
+) -> list[str]:
+    """Loads `--config` (with its overrides) into `state["config"]`, then parses absl's flags.
+
+    Args:
+      argv: the command line, program name first.
+      state: where the loaded config goes (`state["config"]`, left unset without `--config`).
+      example: when given, `--config` is required and a missing one is an error naming this
+        example config path.
+      keep_overrides: pass the `--config.*` overrides on to absl too (for binaries whose
+        `--config` flag is an `ml_collections` config-file flag); False drops them (for a
+        plain string `--config` flag).
+      flag_values: the absl flags to parse into (the global `flags.FLAGS` by default).
+
+    Returns:
+      The arguments absl left over (program name first). Exits with status 2 on a mistake.
+    """
+    argv = _normalise(argv)
+    spec = config_arg(argv)
+    if spec is None and example is not None:
+        fail(f"pass a config, e.g. --config={example}")
+    if spec is not None:
+        try:
+            state["config"] = load_config(spec, parse_override_args(argv))
+        except ConfigError as e:
+            fail(str(e))
+    if not keep_overrides:
+        argv = [a for a in argv if not a.startswith("--config.")]
+    try:
+        return flag_values(argv)
+    except flags.Error as e:
+        fail(str(e))
+
+
+def run(
+    define_flags: Callable[[], None],
+    main: Callable[[list[str]], int],
+    flags_parser: Callable[[list[str]], list[str]],
+) -> None:
+    """Defines a binary's flags, parses the command line and exits with `main`'s status."""
+    define_flags()
+    app.run(lambda argv: sys.exit(main(argv)), flags_parser=flags_parser)
