@@ -2,6 +2,7 @@
 
     bazel run //data:pipeline -- --input=data/*.jsonl.gz --output=/tmp/corpus \\
         [--near_duplicate_threshold=0.8] [--cluster=local|ray|inline] [--workers=2] \\
+        [--inline_below_mb=8] \\
         [--tokenize --tokenizer=byte|path/tokenizer.json] [--task_timeout_s=3600]
 
 Writes DIR/documents/*.parquet (id, text, meta), DIR/report.json and prints its table. Kill
@@ -21,6 +22,7 @@ import sys
 from meltemi import fray
 from meltemi.data import SourceError, StoreError
 from meltemi.data.pipeline import (
+    INLINE_BELOW_BYTES,
     PipelineConfig,
     PipelineError,
     QualityConfig,
@@ -56,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default="byte")
     p.add_argument("--cluster", choices=["local", "ray", "inline"], default="local")
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument(
+        "--inline_below_mb",
+        type=float,
+        default=INLINE_BELOW_BYTES / 1e6,
+        help="smaller inputs run in this process: starting actors would not pay off (0: never)",
+    )
     p.add_argument("--task_timeout_s", type=float, default=3600.0)
     p.add_argument("--retries", type=int, default=2)
     p.add_argument("--shard_mb", type=float, default=64.0)
@@ -123,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         cluster = _cluster(args.cluster, args.workers)
         try:
             report = run_pipeline(config, cluster=cluster, workers=args.workers,
-                                  log=lambda m: print(m, file=sys.stderr, flush=True))  # fmt: skip
+                                  log=lambda m: print(m, file=sys.stderr, flush=True),
+                                  inline_below_bytes=int(args.inline_below_mb * 1e6))  # fmt: skip
         finally:
             if cluster is not None:
                 cluster.shutdown()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import fcntl
 import functools
 import gzip
@@ -11,6 +12,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -312,6 +314,46 @@ def test_a_second_concurrent_build_is_refused(tmp_path):
         fcntl.flock(held, fcntl.LOCK_EX)
         with pytest.raises(StoreError, match=r"another build of .* is running"):
             build_store([src], TOK, tmp_path / "s")
+
+
+def test_a_finished_store_opens_while_another_process_holds_the_build_lock(tmp_path):
+    # Checking for a finished store takes no lock: a trainer whose cache directory is locked
+    # by another one (building, or checking) is not refused.
+    src, _ = _many_files(tmp_path, 3)
+    built = build_store([src], TOK, tmp_path / "s")
+    with open(tmp_path / "s" / ".build.lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        opened = build_store([src], TOK, tmp_path / "s")
+    assert opened.num_tokens == built.num_tokens > 0
+
+
+def test_two_concurrent_openers_of_a_finished_store_both_open_it(tmp_path):
+    src, _ = _many_files(tmp_path, 3)
+    built = build_store([src], TOK, tmp_path / "s")
+    barrier = threading.Barrier(2)
+
+    def opener(_):  # each thread locks through its own file description, like a process
+        tokens = []
+        try:
+            for _ in range(20):
+                barrier.wait(timeout=60)
+                tokens.append(build_store([src], TOK, tmp_path / "s").num_tokens)
+        except BaseException:
+            barrier.abort()  # the other opener stops waiting too
+            raise
+        return tokens
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(opener, range(2)))
+    assert results == [[built.num_tokens] * 20] * 2
+
+
+def test_a_finished_store_of_other_sources_is_refused_without_the_lock(tmp_path):
+    src, _ = _many_files(tmp_path, 3)
+    build_store([src], TOK, tmp_path / "s")
+    other = TextFiles("other", src.paths)
+    with pytest.raises(StoreError, match=r"holds a build with different \['sources'\]"):
+        build_store([other], TOK, tmp_path / "s")
 
 
 def _explode_on(task, shard):

@@ -60,7 +60,7 @@ def test_the_pipeline_on_ray_matches_a_local_run(tmp_path, monkeypatch):
     local = run_pipeline(config("local"))
     cluster = _start(RayCluster)
     try:
-        on_ray = run_pipeline(config("ray"), cluster=cluster, workers=2)
+        on_ray = run_pipeline(config("ray"), cluster=cluster, workers=2, inline_below_bytes=0)
     finally:
         cluster.shutdown()
     assert not (home / ".ray").exists()

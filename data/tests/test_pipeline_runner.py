@@ -71,7 +71,7 @@ def test_a_quarantined_shard_is_reported_and_the_pipeline_finishes(tmp_path, mon
     cfg = PipelineConfig([str(tmp_path / "*.jsonl")], tmp_path / "out", retries=1,
                          quality=QualityConfig(enabled=False), min_shards=3)  # fmt: skip
     with fray.InProcessCluster() as cluster:
-        report = run_pipeline(cfg, cluster=cluster, workers=2)
+        report = run_pipeline(cfg, cluster=cluster, workers=2, inline_below_bytes=0)
     assert report["quarantined_shards"] == [2]  # files sorted: a, c, poison
     (q,) = report["stages"][0]["quarantined"]
     assert q["attempts"] == 2 and "OSError: stalled reading a bad shard" in q["error"]
@@ -83,3 +83,36 @@ def test_a_quarantined_shard_is_reported_and_the_pipeline_finishes(tmp_path, mon
 def test_task_timeout_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match=r"task_timeout_s=-1: need a number of seconds > 0"):
         PipelineConfig(["x"], tmp_path, task_timeout_s=-1)
+
+
+class _NoActors:
+    """A cluster that must not be used: starting an actor fails the test."""
+
+    def spawn(self, *args, **kwargs):
+        raise AssertionError("an actor was started for a tiny input")
+
+    spawn_group = spawn
+
+
+def test_a_tiny_input_runs_in_this_process_without_starting_actors(tmp_path):
+    (tmp_path / "a.jsonl").write_text(json.dumps({"text": "one small document"}) + "\n")
+    cfg = PipelineConfig([str(tmp_path / "a.jsonl")], tmp_path / "out",
+                         quality=QualityConfig(enabled=False))  # fmt: skip
+    lines = []
+    report = run_pipeline(cfg, cluster=_NoActors(), workers=2, log=lines.append)
+    assert report["documents"] == 1
+    assert any("< inline_below_bytes=8.00 MB: running in this process" in m for m in lines)
+
+
+def test_an_input_at_the_threshold_uses_the_cluster(tmp_path):
+    (tmp_path / "a.jsonl").write_text(json.dumps({"text": "one small document"}) + "\n")
+    size = os.path.getsize(tmp_path / "a.jsonl")
+    cfg = PipelineConfig([str(tmp_path / "a.jsonl")], tmp_path / "out")
+    with pytest.raises(AssertionError, match="an actor was started"):
+        run_pipeline(cfg, cluster=_NoActors(), workers=2, inline_below_bytes=size)
+
+
+def test_inline_below_bytes_must_be_a_non_negative_int(tmp_path):
+    cfg = PipelineConfig(["x"], tmp_path)
+    with pytest.raises(ValueError, match=r"inline_below_bytes=-1: need an int >= 0"):
+        run_pipeline(cfg, inline_below_bytes=-1)

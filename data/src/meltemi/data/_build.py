@@ -373,6 +373,9 @@ def build_store(
         "token_dtype": _token_dtype(tokenizer.vocab_size),
         "shard_plan": shards,
     }
+    finished = _open_finished(path, plan, tokenizer)  # no lock: a finished store is read-only
+    if finished is not None:
+        return finished
     os.makedirs(os.path.join(path, "shards"), exist_ok=True)
     with _build_lock(path):
         return _build_locked(
@@ -391,9 +394,37 @@ def build_store(
         )
 
 
+def _check_build(path: str, plan: dict, finished: bool) -> None:
+    """Raises if `path/build.json` records a build of something else than `plan`."""
+    with open(os.path.join(path, "build.json")) as fh:
+        old = json.load(fh)
+    # A finished store serves any request for the same content; the shard layout only has to
+    # match when resuming.
+    keys = [k for k in plan if not (finished and k == "shard_plan")]
+    diff = [k for k in keys if old.get(k) != plan[k]]
+    if diff:
+        raise StoreError(
+            f"build_store: {path} holds a build with different {diff}; use a new path, or "
+            f"delete {path} to rebuild"
+        )
+
+
+def _open_finished(path: str, plan: dict, tokenizer: Tokenizer) -> TokenStore | None:
+    """The store at `path` if its build has finished, else None; takes no lock.
+
+    meta.json is written last and atomically (temporary name, fsync, rename) and a finished
+    store is never written again, so any number of processes (trainers sharing a cache
+    directory) may check and open it at once while a build elsewhere holds the lock."""
+    if not os.path.exists(os.path.join(path, "meta.json")):
+        return None
+    _check_build(path, plan, finished=True)
+    return TokenStore.open(path, tokenizer)  # checks that the sources did not change
+
+
 @contextlib.contextmanager
 def _build_lock(path: str):
-    """An exclusive lock on `path/.build.lock` for the duration of a build (one builder)."""
+    """An exclusive lock on `path/.build.lock` for the duration of a build (one builder);
+    opening a finished store takes none (`_open_finished`)."""
     fh = open(os.path.join(path, ".build.lock"), "a+")
     try:
         try:
@@ -423,23 +454,11 @@ def _build_locked(
     progress: Callable[[int, int], None] | None,
     stop_after_shards: int | None,
 ) -> TokenStore | None:
-    build_json = os.path.join(path, "build.json")
-    if os.path.exists(build_json):
-        with open(build_json) as fh:
-            old = json.load(fh)
-        finished = os.path.exists(os.path.join(path, "meta.json"))
-        # A finished store serves any request for the same content; the shard layout only has
-        # to match when resuming.
-        keys = [k for k in plan if not (finished and k == "shard_plan")]
-        diff = [k for k in keys if old.get(k) != plan[k]]
-        if diff:
-            raise StoreError(
-                f"build_store: {path} holds a build with different {diff}; use a new path, or "
-                f"delete {path} to rebuild"
-            )
+    if os.path.exists(os.path.join(path, "build.json")):
+        _check_build(path, plan, finished=os.path.exists(os.path.join(path, "meta.json")))
     else:
         _write_atomic(path, "build.json", plan)
-    if os.path.exists(os.path.join(path, "meta.json")):
+    if os.path.exists(os.path.join(path, "meta.json")):  # finished while we waited for the lock
         return TokenStore.open(path, tokenizer)  # checks that the sources did not change
 
     for entry in os.listdir(os.path.join(path, "shards")):

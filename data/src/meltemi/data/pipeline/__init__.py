@@ -18,6 +18,7 @@ a finished one is not redone. See `run_pipeline` and docs/design/data.md.
 from meltemi.data.pipeline._minhash import lsh_params, minhash_signatures, near_duplicate_drops
 from meltemi.data.pipeline._normalize import normalize_text
 from meltemi.data.pipeline._pipeline import (
+    INLINE_BELOW_BYTES,
     PipelineConfig,
     PipelineError,
     format_report,
@@ -26,6 +27,7 @@ from meltemi.data.pipeline._pipeline import (
 from meltemi.data.pipeline._quality import RULES, QualityConfig, QualityError, quality_reason
 
 __all__ = [
+    "INLINE_BELOW_BYTES",
     "RULES",
     "PipelineConfig",
     "PipelineError",

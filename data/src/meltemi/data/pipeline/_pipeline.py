@@ -49,9 +49,22 @@ from meltemi.data.pipeline._stages import (
     read_table,
 )
 
-__all__ = ["PipelineConfig", "PipelineError", "format_report", "run_pipeline"]
+__all__ = [
+    "INLINE_BELOW_BYTES",
+    "PipelineConfig",
+    "PipelineError",
+    "format_report",
+    "run_pipeline",
+]
 
 FORMAT = "meltemi-pipeline/1"
+
+# What a stage actor imports as it starts (in parallel with the others), not in a first task.
+_WARM = ("pyarrow.parquet", "pyarrow.compute", "meltemi.data.pipeline._stages")
+# Below this much input, actors cost more than they save: each takes ~0.5 s to start (in
+# parallel) and the whole pipeline runs at ~5 MB/s in one process on this 2-core machine, so
+# two workers save at most ~0.1 s per MB. data/README.md has the measurements.
+INLINE_BELOW_BYTES = 8_000_000
 
 
 class PipelineError(ValueError):
@@ -520,6 +533,7 @@ def run_pipeline(
     workers: int = 1,
     stop_after_tasks: int | None = None,
     log: Callable[[str], None] | None = None,
+    inline_below_bytes: int = INLINE_BELOW_BYTES,
 ) -> dict | None:
     """Runs (or resumes, or just reads the report of) the pipeline; returns the report.
 
@@ -531,12 +545,18 @@ def run_pipeline(
         stop_after_tasks: run at most this many new tasks, then return None (rerun to
             continue); for incremental runs and tests.
         log: called with one line per event (default: silent).
+        inline_below_bytes: with less input than this, run in this process even when given a
+            `cluster` (logged): starting the actors would cost more than they save; a task's
+            deadline is then not enforced. 0: always use `cluster`.
 
     Raises:
         PipelineError: invalid options, or `config.output` holds another pipeline's run.
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise PipelineError(f"workers={workers!r}: need an int >= 1")
+    b = inline_below_bytes
+    if isinstance(b, bool) or not isinstance(b, int) or b < 0:
+        raise PipelineError(f"inline_below_bytes={b!r}: need an int >= 0 (0: always use cluster)")
     root = config.output
     log = log or (lambda _: None)
     os.makedirs(root, exist_ok=True)
@@ -556,7 +576,15 @@ def run_pipeline(
             log(f"{root}: finished already (report.json); nothing to do")
             with open(report_path) as fh:
                 return json.load(fh)
-        pool = TaskPool(cluster, workers, config.task_timeout_s, config.retries)
+        total_bytes = sum(f["size"] for f in plan["inputs"])
+        if cluster is not None and total_bytes < inline_below_bytes:
+            log(
+                f"{total_bytes / 1e6:.2f} MB of input < inline_below_bytes="
+                f"{inline_below_bytes / 1e6:.2f} MB: running in this process (actors would "
+                f"not pay off; task deadlines are not enforced)"
+            )
+            cluster = None
+        pool = TaskPool(cluster, workers, config.task_timeout_s, config.retries, _WARM)
         run = _Run(config, root, _Ledger(root), plan["shards"], pool, stop_after_tasks, log)
         start = time.perf_counter()
         try:

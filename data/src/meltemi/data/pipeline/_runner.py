@@ -10,6 +10,7 @@ the task is quarantined: its outcome carries the last error and no result.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import queue
 import traceback
 import uuid
@@ -32,7 +33,16 @@ class Outcome:
 
 
 class _StageWorker:
-    """The actor: runs one task function at a time."""
+    """The actor: runs one task function at a time.
+
+    Args:
+        warm: modules imported by the constructor, so that a stage's first task does not pay
+            for them (they load while the other actors start, not inside a stage barrier).
+    """
+
+    def __init__(self, warm: tuple[str, ...] = ()):
+        for module in warm:
+            importlib.import_module(module)
 
     def run(self, fn: Callable[[Any], Any], item: Any) -> Any:
         return fn(item)
@@ -65,24 +75,46 @@ class TaskPool:
         workers: actors, i.e. tasks at once.
         task_timeout_s: deadline of one attempt.
         retries: attempts after the first before a task is quarantined.
+        warm: modules each actor imports when it starts (see `_StageWorker`).
 
-    Also an `Executor` (`map_unordered`), so `build_store` runs on the same actors; there a
+    Actors start together (one `spawn_group`, so `workers` process start-ups overlap) on
+    the first `run` that has at least two tasks, and are reused by every later stage. Also an
+    `Executor` (`map_unordered`), so `build_store` runs on the same actors; there a
     quarantined task raises, since a store is all of its shards or nothing.
     """
 
     def __init__(
-        self, cluster: fray.Cluster | None, workers: int, task_timeout_s: float, retries: int
+        self,
+        cluster: fray.Cluster | None,
+        workers: int,
+        task_timeout_s: float,
+        retries: int,
+        warm: tuple[str, ...] = (),
     ):
         self.cluster = cluster
         self.workers = workers
         self.task_timeout_s = task_timeout_s
         self.retries = retries
+        self.warm = tuple(warm)
         self._actors: list = []
         self._prefix = f"pipeline-{uuid.uuid4().hex[:8]}"
         self._serial = iter(range(1 << 30))
 
     def _fresh(self):
-        return self.cluster.spawn(_StageWorker, name=f"{self._prefix}-{next(self._serial)}")
+        name = f"{self._prefix}-{next(self._serial)}"
+        return self.cluster.spawn(_StageWorker, self.warm, name=name)
+
+    def _grow(self, n: int) -> None:
+        """Starts actors until there are `n`, all at once (their start-ups overlap)."""
+        missing = n - len(self._actors)
+        if missing == 1:
+            self._actors.append(self._fresh())
+        elif missing > 1:
+            name = f"{self._prefix}-{next(self._serial)}"
+            # gang=False: a member that times out is killed and replaced alone.
+            group = self.cluster.spawn_group(_StageWorker, missing, self.warm, name=name,
+                                             gang=False)  # fmt: skip
+            self._actors.extend(group)
 
     def _replace(self, worker):
         try:
@@ -101,8 +133,7 @@ class TaskPool:
         if self.cluster is None:
             yield from _inline(fn, tasks, self.retries)
             return
-        while len(self._actors) < min(self.workers, len(tasks)):
-            self._actors.append(self._fresh())
+        self._grow(min(self.workers, len(tasks)))
         done: queue.Queue = queue.Queue()
         todo = [(key, item, 1) for key, item in reversed(tasks)]  # a stack: pop() is the first
 

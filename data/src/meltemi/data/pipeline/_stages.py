@@ -62,6 +62,12 @@ def _write_atomic(output: str, write) -> None:
     os.replace(tmp, output)
 
 
+# Between stages, files are written once and read once: lz4 costs 12 ms a 2 MB shard to write
+# and read against zstd's 28 ms (1.4 vs 0.9 MB on disk). The kept documents are zstd.
+_INTERMEDIATE = "lz4"
+_FINAL = "zstd"
+
+
 def write_table(output: str, columns: dict, with_digest: bool = True) -> None:
     pa, pq = _pq()
     arrays = {
@@ -72,12 +78,12 @@ def write_table(output: str, columns: dict, with_digest: bool = True) -> None:
     if with_digest:
         arrays["digest"] = pa.array(np.asarray(columns["digest"], np.uint64), pa.uint64())
     table = pa.table(arrays)
-    _write_atomic(output, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+    _write_atomic(output, lambda tmp: pq.write_table(table, tmp, compression=_INTERMEDIATE))
 
 
-def write_arrow(output: str, table) -> None:
+def write_arrow(output: str, table, compression: str = _INTERMEDIATE) -> None:
     _, pq = _pq()
-    _write_atomic(output, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+    _write_atomic(output, lambda tmp: pq.write_table(table, tmp, compression=compression))
 
 
 def read_arrow(path: str, columns: list[str] | None = None):
@@ -213,5 +219,5 @@ def quality_shard(task: ShardTask) -> dict:
         for i in np.flatnonzero(~keep).tolist():
             note(examples, reasons[i], ids[i])
     out = table.select(["id", "text", "meta"])
-    write_arrow(task.output, out.filter(keep) if len(dropped) else out)
+    write_arrow(task.output, out.filter(keep) if len(dropped) else out, _FINAL)
     return _entry(table.num_rows, int(keep.sum()), dropped, start, examples=examples)
