@@ -4,7 +4,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import tempfile
 
 TRAIN = pathlib.Path(__file__).parent.parent / "src" / "meltemi" / "levanter" / "main" / "train.py"
 DEFAULT = pathlib.Path(__file__).parent.parent / "configs" / "default.py"
@@ -15,13 +14,14 @@ def env() -> dict:
     out["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     out.setdefault("JAX_PLATFORMS", "cpu")
     out.pop("XLA_FLAGS", None)
-    # Share compiled programs between the test's subprocesses (same program, same binary).
-    out.setdefault(
-        "JAX_COMPILATION_CACHE_DIR",
-        os.path.join(os.environ.get("TEST_TMPDIR", tempfile.gettempdir()), "jax_cache"),
-    )
-    out.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    out.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+    # Share compiled programs between the test's subprocesses (same program, same binary),
+    # in the cache conftest.py set up, or under $TEST_TMPDIR: never a directory that outlives
+    # the test run.
+    if not out.get("JAX_COMPILATION_CACHE_DIR") and os.environ.get("TEST_TMPDIR"):
+        out["JAX_COMPILATION_CACHE_DIR"] = os.path.join(os.environ["TEST_TMPDIR"], "jax_cache")
+    if out.get("JAX_COMPILATION_CACHE_DIR"):
+        out.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        out.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
     return out
 
 

@@ -13,7 +13,11 @@ from meltemi.levanter.tracking import read_metrics
 
 STEPS = 8
 SEED = 21
-OVERRIDES = (f"--config.trainer.num_train_steps={STEPS}", "--config.checkpoint.save_every_steps=1")
+OVERRIDES = (
+    f"--config.trainer.num_train_steps={STEPS}",
+    "--config.checkpoint.save_every_steps=1",
+    "--config.eval.num_batches=0",  # what is compared is the training, not the evaluation
+)
 
 
 def _final_params(run_dir):
