@@ -11,6 +11,7 @@ import os
 for _key in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(_key, "1")
 
+import pathlib  # noqa: E402
 import string  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -152,6 +153,67 @@ def test_the_binary_prints_the_table_and_writes_harness_json(hf_dir, tmp_path):
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines()[-1].startswith("error: --checkpoint=")
     assert os.path.exists(out)
+
+
+# -- `lm_eval --model meltemi`: the .pth hook the wheel ships ------------------------------------
+
+LEVANTER = pathlib.Path(__file__).absolute().parents[1]
+_LM_EVAL_CLI = (
+    "import runpy, site, sys; site.addsitedir(sys.argv.pop(1)); sys.argv[0] = 'lm_eval'; "
+    "runpy.run_module('lm_eval', run_name='__main__', alter_sys=True)"
+)
+_PROBE = (
+    "import site, sys; site.addsitedir(sys.argv[1]) if sys.argv[1] else None; "
+    "print(sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'lm_eval', 'meltemi'})); "
+    "import lm_eval.models; from lm_eval.api.registry import model_registry; "
+    "print(model_registry._objs.get('meltemi'))"
+)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """The meltemi-levanter wheel built from this folder and pip-installed (`--target`, no
+    deps) into a fresh site directory; the subprocess environment lacks `levanter/src`, so
+    `meltemi.levanter` and the hook come from the wheel."""
+    from tools.wheels import wheel_lib
+
+    tmp = tmp_path_factory.mktemp("wheel")
+    wheel = wheel_lib.build(wheel_lib.copy_library(LEVANTER, tmp / "src"), tmp, sdist=False)
+    site_dir = tmp / "site"
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index"]
+    subprocess.run([*pip, "--target", str(site_dir), str(wheel)], check=True, timeout=300)
+    env = _subprocess.env()
+    keep = [p for p in sys.path if p and not (pathlib.Path(p) / "meltemi" / "levanter").is_dir()]
+    env["PYTHONPATH"] = os.pathsep.join(keep)
+    return site_dir, env
+
+
+def test_the_wheels_pth_registers_meltemi_only_when_lm_eval_loads_its_models(installed):
+    site_dir, env = installed
+    assert (site_dir / "meltemi_levanter_lm_eval.pth").is_file()
+    run = lambda d: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", _PROBE, d], env=env, capture_output=True, text=True, timeout=300
+    ).stdout.splitlines()
+    # Start-up imports nothing of lm-eval, JAX or Meltemi; `lm_eval.models` gets the lazy entry.
+    assert run(str(site_dir)) == ["[]", "meltemi.levanter.harness._model:MeltemiLM"]
+    assert run("") == ["[]", "None"]  # without the wheel's .pth lm-eval has no `meltemi`
+
+
+def test_lm_evals_own_cli_runs_the_meltemi_model(installed, hf_dir, ours, tmp_path):
+    site_dir, env = installed
+    tasks_dir = LEVANTER / "harness_tasks"
+    cmd = [sys.executable, "-c", _LM_EVAL_CLI, str(site_dir), "--model", "meltemi",
+           "--model_args", f"checkpoint={hf_dir}", "--tasks", TASK, "--include_path",
+           str(tasks_dir), "--limit", "4", "--output_path", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "meltemi ({'checkpoint': " in proc.stdout and TASK in proc.stdout
+    import json
+
+    (path,) = tmp_path.glob("**/results_*.json")
+    results = json.loads(path.read_text())
+    assert results["config"]["model"] == "meltemi"
+    assert harness_metrics(results) == harness_metrics(run_tasks(ours, [TASK], limit=4))
 
 
 # -- the harness during training ---------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import pathlib
@@ -39,14 +40,21 @@ def task_manager(extra: Sequence[str | os.PathLike] = (), tasks: Sequence[str] =
     When every one of `tasks` is defined in our directories, lm-eval's thousands of built-in
     task files are not indexed (that takes minutes on a busy machine).
     """
-    from lm_eval.tasks import TaskManager
-
-    paths = include_paths(extra) or None
+    paths = tuple(include_paths(extra))
     if tasks and paths:
-        local = TaskManager(include_path=paths, include_defaults=False)
+        local = _indexed(paths, defaults=False)
         if all(t in local.all_tasks for t in tasks):
             return local
-    return TaskManager(include_path=paths)
+    return _indexed(paths, defaults=True)
+
+
+@functools.cache
+def _indexed(paths: tuple[str, ...], *, defaults: bool) -> Any:
+    """One `TaskManager` per (directories, built-ins) in a process: indexing lm-eval's own
+    task files takes tens of seconds, and a training run asks at every harness step."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=list(paths) or None, include_defaults=defaults)
 
 
 def check_tasks(tasks: Sequence[str], manager: Any) -> None:
