@@ -63,3 +63,33 @@ def hf_logits(model: torch.nn.Module, tokens: np.ndarray, mask: np.ndarray | Non
             kwargs["attention_mask"] = torch.tensor(mask, dtype=torch.long)
         out = model(torch.tensor(np.asarray(tokens), dtype=torch.long), **kwargs)
     return out.logits.float().numpy()
+
+
+def hf_generate(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    eos: list[int] | None = None,
+) -> list[list[int]]:
+    """`transformers`' greedy `generate` (with its KV cache) over left-padded prompts, as
+    `meltemi.models.generate` pads them; with `eos`, each row is cut after its first eos id."""
+    width = max(len(p) for p in prompts)
+    ids = np.zeros((len(prompts), width), np.int64)
+    mask = np.zeros_like(ids)
+    for b, p in enumerate(prompts):
+        ids[b, width - len(p) :] = p
+        mask[b, width - len(p) :] = 1
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor(ids),
+            attention_mask=torch.tensor(mask),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=0,
+        )[:, width:].tolist()
+    if not eos:
+        return out
+    return [
+        row[: next((i + 1 for i, tok in enumerate(row) if tok in eos), len(row))] for row in out
+    ]

@@ -7,9 +7,7 @@ prompt lengths (HF left-pads with an attention mask, as we do) and stop on a lis
 
 import hf_harness as H
 import model_testing as T
-import numpy as np
 import pytest
-import torch
 
 import meltemi.models as mm
 from meltemi.models import hf
@@ -17,35 +15,11 @@ from meltemi.models import hf
 PROMPTS = [[3, 17, 29, 4, 41, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19], [5, 60], [7, 1, 33]]
 
 
-def _hf_generate(torch_model, prompts, max_new_tokens, eos):
-    """`transformers`' greedy generate over left-padded prompts; each row cut after its eos."""
-    width = max(len(p) for p in prompts)
-    ids = np.zeros((len(prompts), width), np.int64)
-    mask = np.zeros_like(ids)
-    for b, p in enumerate(prompts):
-        ids[b, width - len(p) :] = p
-        mask[b, width - len(p) :] = 1
-    with torch.no_grad():
-        out = torch_model.generate(
-            torch.tensor(ids),
-            attention_mask=torch.tensor(mask),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=eos,
-            pad_token_id=0,
-        )[:, width:].tolist()
-    rows = []
-    for row in out:
-        stop = next((i + 1 for i, tok in enumerate(row) if eos and tok in eos), len(row))
-        rows.append(row[:stop])
-    return rows
-
-
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3", "tiny-gpt2"])
 def test_greedy_batch_equals_transformers_token_for_token(preset, tmp_path):
     torch_model = H.random_hf_model(preset, seed=5)
     model, _ = hf.load(H.save_hf(torch_model, tmp_path))
-    ref = _hf_generate(torch_model, PROMPTS, 20, None)
+    ref = H.hf_generate(torch_model, PROMPTS, 20, None)
     assert mm.generate(model, PROMPTS, max_new_tokens=20, eos_token_id=None) == ref
     assert [len(r) for r in ref] == [20, 20, 20]
 
@@ -53,9 +27,9 @@ def test_greedy_batch_equals_transformers_token_for_token(preset, tmp_path):
 def test_eos_lists_stop_rows_as_in_transformers(tmp_path):
     torch_model = H.random_hf_model("tiny-llama", seed=6)
     model, _ = hf.load(H.save_hf(torch_model, tmp_path))
-    free = _hf_generate(torch_model, PROMPTS, 12, None)
+    free = H.hf_generate(torch_model, PROMPTS, 12, None)
     eos = [free[0][2], free[1][5], 66]  # row 0 stops at its 3rd token, row 1 by its 6th
-    ref = _hf_generate(torch_model, PROMPTS, 12, eos)
+    ref = H.hf_generate(torch_model, PROMPTS, 12, eos)
     assert len(ref[0]) <= 3 and len(ref[1]) <= 6
     assert mm.generate(model, PROMPTS, max_new_tokens=12, eos_token_id=eos) == ref
 
@@ -64,5 +38,5 @@ def test_our_checkpoint_generates_the_same_in_transformers(tmp_path):
     cfg = mm.get_preset("tiny-llama")
     model = T.random_model(cfg, seed=7)
     hf.save(model, cfg, tmp_path)
-    ref = _hf_generate(H.load_hf(tmp_path), PROMPTS, 16, None)
+    ref = H.hf_generate(H.load_hf(tmp_path), PROMPTS, 16, None)
     assert mm.generate(model, PROMPTS, max_new_tokens=16, eos_token_id=None) == ref

@@ -8,9 +8,7 @@ alternation) decides which cache slots a new token sees.
 import equinox as eqx
 import hf_harness as H
 import jax
-import numpy as np
 import pytest
-import torch
 
 import meltemi.models as mm
 from meltemi.models import _hf_keys
@@ -21,26 +19,6 @@ FAMILIES = ["tiny-mistral", "tiny-gemma2", "tiny-gemma3"]
 PROMPTS = [[3, 17, 29, 4, 41, 8, 9, 10, 11, 12, 13], [5, 60], [7, 1, 33]]
 
 
-def _hf_generate(torch_model, prompts, max_new_tokens):
-    """`transformers`' greedy generate (with its KV cache) over left-padded prompts."""
-    width = max(len(p) for p in prompts)
-    ids = np.zeros((len(prompts), width), np.int64)
-    mask = np.zeros_like(ids)
-    for b, p in enumerate(prompts):
-        ids[b, width - len(p) :] = p
-        mask[b, width - len(p) :] = 1
-    with torch.no_grad():
-        out = torch_model.generate(
-            torch.tensor(ids),
-            attention_mask=torch.tensor(mask),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    return out[:, width:].tolist()
-
-
 @pytest.mark.parametrize("preset", FAMILIES)
 def test_cached_greedy_generation_equals_transformers_generate(preset):
     torch_model = H.random_hf_model(preset, seed=5)
@@ -49,5 +27,5 @@ def test_cached_greedy_generation_equals_transformers_generate(preset):
         mm.Transformer.init, mm.get_preset(preset), key=jax.random.key(0)
     )
     model = _hf_keys.from_state_dict(template, state)[0]
-    ref = _hf_generate(torch_model, PROMPTS, 12)  # 11 + 12 tokens: far past the window of 5
+    ref = H.hf_generate(torch_model, PROMPTS, 12)  # 11 + 12 tokens: far past the window of 5
     assert mm.generate(model, PROMPTS, max_new_tokens=12, eos_token_id=None) == ref

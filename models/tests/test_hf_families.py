@@ -90,28 +90,9 @@ def test_family_specific_tensors_are_in_the_checkpoint(pair):
         assert shapes[layer + "self_attn.k_norm.weight"] == (8,)
 
 
-def _hf_generate(torch_model, prompts, max_new_tokens):
-    width = max(len(p) for p in prompts)
-    ids = np.zeros((len(prompts), width), np.int64)
-    mask = np.zeros_like(ids)
-    for b, p in enumerate(prompts):
-        ids[b, width - len(p) :] = p
-        mask[b, width - len(p) :] = 1
-    with torch.no_grad():
-        out = torch_model.generate(
-            torch.tensor(ids),
-            attention_mask=torch.tensor(mask),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    return out[:, width:].tolist()
-
-
 def test_kv_cache_greedy_generation_equals_transformers(pair):
     _, torch_model, _, model = pair
-    ref = _hf_generate(torch_model, PROMPTS, 12)
+    ref = H.hf_generate(torch_model, PROMPTS, 12)
     assert mm.generate(model, PROMPTS, max_new_tokens=12, eos_token_id=None) == ref
 
 

@@ -54,6 +54,23 @@ def _named(arr: jax.Array) -> hax.NamedArray:
     return hax.named(arr, (hax.Axis(BATCH, arr.shape[0]), hax.Axis(POSITION, arr.shape[1])))
 
 
+def _weights_out_first(model: Transformer) -> Transformer:
+    """Every `Linear` weight stored `Out + In` (PyTorch's layout), once, before the loop.
+
+    CPU matmul kernels want the contracted axes innermost; a weight stored `In + Out` is
+    otherwise transposed inside the loop, at every step (28 copies per step for 4 Llama
+    layers). Linear contracts by axis name, so only the memory order changes.
+    """
+
+    def fix(layer):
+        if not isinstance(layer, hnn.Linear) or not layer.out_first:
+            return layer
+        names = [a.name for a in hax.concat_axes(layer.In, layer.Out)]
+        return eqx.tree_at(lambda m: m.weight, layer, layer.weight.rearrange(names))
+
+    return jax.tree.map(fix, model, is_leaf=lambda x: isinstance(x, hnn.Linear))
+
+
 def _decode_loop(
     model: Transformer,
     tokens: jax.Array,
@@ -79,6 +96,7 @@ def _decode_loop(
         blocks = model.blocks
         unstacked = hnn.BlockSeq(blocks.unstacked(), blocks.Block, blocks.gradient_checkpointing)
         model = eqx.tree_at(lambda m: m.blocks, model, unstacked)
+    model = _weights_out_first(model)
     slots = prompt_len + new_bucket
     KPos = hax.Axis(KEY_POSITION, slots)  # noqa: N806
     # Padded slots never hold a real key; slots after the current one are masked by causality,
