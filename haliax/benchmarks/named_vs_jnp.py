@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import equinox as eqx
 import jax
@@ -156,3 +157,26 @@ def named_loss(block, x):
 
 def jnp_loss(fn):
     return lambda params, x: jnp.sum(fn(params, x) ** 2)
+
+
+# Ops whose count says whether two compiled programs do the same work on XLA:CPU: matmuls,
+# layout changes (transpose/copy) and fused kernels. `total` counts every instruction.
+HLO_OPS = ("dot", "transpose", "copy", "fusion", "convolution")
+
+
+def hlo_op_counts(fn, *args) -> dict:
+    """Instruction counts of the compiled (optimised) HLO of `jax.jit(fn)(*args)`.
+
+    Counts every computation, fused bodies included, so an extra transpose inside a fusion shows.
+    """
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    counts = {op: 0 for op in HLO_OPS}
+    total = 0
+    for line in text.splitlines():
+        m = re.search(r"= \S+ ([a-z][\w-]*)\(", line)
+        if m:
+            total += 1
+            if m.group(1) in counts:
+                counts[m.group(1)] += 1
+    counts["total"] = total
+    return counts
