@@ -5,7 +5,9 @@ import os
 import pathlib
 import sys
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 _bench = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"

@@ -13,7 +13,15 @@ def env() -> dict:
     out = dict(os.environ)
     out["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     out.setdefault("JAX_PLATFORMS", "cpu")
-    out.pop("XLA_FLAGS", None)
+    # The test's fake-device flag must not leak into the binary (one device, as a user runs it);
+    # its other flags (tools/python/test_env.py: how programs compile) must, so that the
+    # subprocess's numbers are bit for bit those of the test process.
+    flags = [
+        f
+        for f in out.get("XLA_FLAGS", "").split()
+        if not f.startswith("--xla_force_host_platform_device_count")
+    ]
+    out["XLA_FLAGS"] = " ".join(flags)
     # Share compiled programs between the test's subprocesses (same program, same binary),
     # in the cache conftest.py set up, or under $TEST_TMPDIR: never a directory that outlives
     # the test run.

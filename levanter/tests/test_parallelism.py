@@ -5,7 +5,9 @@ Eight fake CPU devices; the real model (tiny Llama) on the real data for 5 steps
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

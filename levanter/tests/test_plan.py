@@ -8,7 +8,9 @@ Eight fake CPU devices.
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+)
 
 import importlib.util  # noqa: E402
 import pathlib  # noqa: E402

@@ -7,7 +7,9 @@ every layer's activations whole on each device; the model pins them by name inst
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+)
 
 import jax  # noqa: E402
 import model_testing as T  # noqa: E402

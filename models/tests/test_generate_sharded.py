@@ -6,7 +6,9 @@ The mesh and the rules follow `meltemi.levanter.mesh` (parameters: `embed` over 
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+)
 
 import jax  # noqa: E402
 import model_testing as T  # noqa: E402

@@ -9,7 +9,9 @@ compiler moves the tokens with gathers and reductions instead; token-level exper
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+)
 
 import re  # noqa: E402
 

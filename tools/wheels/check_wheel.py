@@ -16,6 +16,7 @@ from tools.wheels import wheel_lib as wl
 
 def main(argv: list[str]) -> int:
     test_env.isolate_home()
+    test_env.compile_fast()
     lib, build_deps = argv[0], argv[1:]
     here = pathlib.Path.cwd()
     layers = wl.load_layers(here / "tools" / "wheels" / "layers.json")
