@@ -8,12 +8,19 @@ all-to-all). `before`: the mapping that was called expert parallelism before (ba
 `data` only, experts sharded), where the compiler moves tokens with gathers and reductions.
 Collectives inside the scanned layer stack are counted once (one layer), for both.
 
+Two counts per collective. *Result bytes* (`moe_ep_collective_bytes_per_device`): the size of
+its result, as before. *Wire bytes* (`moe_ep_wire_bytes_per_device`): what a device sends under
+the standard bandwidth model, with n the size of its replica group: a ring all-reduce sends
+2(n-1)/n x its size, an all-gather (n-1)/n x its result, a reduce-scatter (n-1)/n x its input,
+an all-to-all (n-1)/n x its size (the chunk for itself stays), a collective-permute its size.
+
     python models/benchmarks/moe_ep_bench.py
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -24,19 +31,55 @@ OPS = "all-to-all|all-reduce|all-gather|reduce-scatter|collective-permute"
 BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "pred": 1, "s8": 1, "u8": 1}
 
 
-def collective_bytes(hlo: str) -> int:
-    """Sum of the result sizes of every collective in a compiled (per-device) HLO module."""
-    total = 0
+def _group_size(line: str, devices: int) -> int:
+    """n of a collective: its replica group's size, in any of the three HLO spellings."""
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}", line)
+    if m:  # mesh['axis_0'=8,'axis_1'=1] {'axis_0'}: the product of the named axes
+        sizes = {k: int(v) for k, v in re.findall(r"'([^']+)'=(\d+)", m.group(1))}
+        return math.prod(sizes[a] for a in re.findall(r"'([^']+)'", m.group(2)))
+    m = re.search(r"replica_groups=\[([0-9,]+)\]<=", line)
+    if m:  # iota: [groups, size]<=[devices]
+        return int(m.group(1).split(",")[-1])
+    m = re.search(r"replica_groups=\{\{([0-9,]*)\}", line)
+    if m:  # explicit {{0,1,...},{...}}
+        return len(m.group(1).split(","))
+    return devices  # replica_groups={}: every device
+
+
+def collectives(hlo: str, devices: int = 8) -> list[tuple[str, int, int]]:
+    """`(kind, result bytes, group size n)` of every collective in a compiled HLO module."""
+    found = []
     for line in hlo.splitlines():
         m = re.search(rf"= (.+?) ({OPS})(-start)?\(", line)
         if not m:
             continue
+        size = 0
         for kind, dims in ARRAY.findall(m.group(1)):
-            size = 1
-            for d in filter(None, dims.split(",")):
-                size *= int(d)
-            total += size * BYTES.get(kind, 4)
-    return total
+            size += math.prod(int(d) for d in filter(None, dims.split(","))) * BYTES.get(kind, 4)
+        found.append((m.group(2), size, _group_size(line, devices)))
+    return found
+
+
+def wire_bytes(kind: str, size: int, n: int) -> float:
+    """Bytes one device sends for a collective of result `size` over `n` devices."""
+    if kind == "collective-permute":
+        return size
+    share = (n - 1) / n
+    return {"all-reduce": 2 * share, "reduce-scatter": share * n}.get(kind, share) * size
+
+
+def collective_bytes(hlo: str) -> int:
+    """Sum of the result sizes of every collective in a compiled (per-device) HLO module."""
+    return sum(size for _, size, _ in collectives(hlo))
+
+
+def breakdown(hlo: str) -> dict[str, dict[str, int]]:
+    """Result and wire bytes per collective kind."""
+    out: dict[str, dict[str, int]] = {"result": {}, "wire": {}}
+    for kind, size, n in collectives(hlo):
+        out["result"][kind] = out["result"].get(kind, 0) + size
+        out["wire"][kind] = round(out["wire"].get(kind, 0) + wire_bytes(kind, size, n))
+    return out
 
 
 def _child() -> dict:
@@ -71,7 +114,7 @@ def _child() -> dict:
             step = hax.named_jit(forward, mapping, mesh=mesh)
             sharded = hax.shard(model, mapping, mesh)
             hlo = step.lower(sharded, tokens).lowered.compile().as_text()
-            out[name][ep] = collective_bytes(hlo)
+            out[name][ep] = breakdown(hlo)
     return out
 
 
@@ -81,11 +124,16 @@ def measure() -> dict:
         [sys.executable, __file__, "--child"], env=env, check=True, capture_output=True, text=True
     )
     raw = json.loads(proc.stdout.strip().splitlines()[-1])
-    ours, before = raw["all_to_all"], raw["before"]
+    result = {k: {ep: sum(v["result"].values()) for ep, v in raw[k].items()} for k in raw}
+    wire = {k: {ep: sum(v["wire"].values()) for ep, v in raw[k].items()} for k in raw}
     return {
-        "moe_ep_collective_bytes_per_device": ours,
-        "moe_ep_collective_bytes_per_device_before": before,
-        "moe_ep8_over_before": round(ours["8"] / before["8"], 3),
+        "moe_ep_collective_bytes_per_device": result["all_to_all"],
+        "moe_ep_collective_bytes_per_device_before": result["before"],
+        "moe_ep8_over_before": round(result["all_to_all"]["8"] / result["before"]["8"], 3),
+        "moe_ep_wire_bytes_per_device": wire["all_to_all"],
+        "moe_ep_wire_bytes_per_device_before": wire["before"],
+        "moe_ep8_wire_over_before": round(wire["all_to_all"]["8"] / wire["before"]["8"], 3),
+        "moe_ep8_bytes_by_kind": {k: raw[k]["8"] for k in raw},
     }
 
 

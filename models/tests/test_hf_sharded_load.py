@@ -2,13 +2,18 @@
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+)
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import ml_dtypes  # noqa: E402
 import model_testing as T  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
+from safetensors.numpy import save_file  # noqa: E402
 
 import meltemi.haliax as hax  # noqa: E402
 import meltemi.models as mm  # noqa: E402
@@ -90,3 +95,55 @@ def test_save_of_a_sharded_model_round_trips(mesh, tmp_path):
     assert sorted(first) == sorted(second)
     for k in first:
         np.testing.assert_array_equal(first[k], second[k], err_msg=k)
+
+
+F8 = np.dtype(ml_dtypes.float8_e4m3fn)
+EMBED_KEY = "model.embed_tokens.weight"
+
+
+def _as_float8_file(directory, keys):
+    """Rewrites a saved checkpoint as one `model.safetensors` written by the `safetensors`
+    package itself, with the tensors `keys` in F8_E4M3 (`None`: all of them)."""
+    tensors = _safetensors.read_all(directory)
+    for name in list(directory.glob("*.safetensors")) + [directory / _safetensors.INDEX_NAME]:
+        name.unlink()
+    tensors = {k: v.astype(F8) if keys is None or k in keys else v for k, v in tensors.items()}
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    return tensors
+
+
+def test_float8_checkpoint_is_upcast_to_the_requested_dtype_or_kept(tmp_path):
+    hf.save(T.random_model(mm.get_preset("tiny-llama"), seed=4), None, tmp_path)
+    original, _ = hf.load(tmp_path)
+    _as_float8_file(tmp_path, None)
+    upcast, _ = hf.load(tmp_path, dtype=jnp.float32)
+    kept, _ = hf.load(tmp_path)
+    trio = [jax.tree.leaves(m, is_leaf=hax.is_named_array) for m in (original, upcast, kept)]
+    changed = 0
+    for want, up, f8 in zip(*trio, strict=True):
+        quantised = np.asarray(want.array).astype(F8)
+        assert up.array.dtype == jnp.float32 and f8.array.dtype == F8
+        np.testing.assert_array_equal(np.asarray(up.array), quantised.astype(np.float32))
+        np.testing.assert_array_equal(np.asarray(f8.array).view(np.uint8), quantised.view(np.uint8))
+        changed += not np.array_equal(quantised.astype(np.float32), np.asarray(want.array))
+    assert changed  # the values really went through float8
+
+
+def test_sharded_load_of_a_float8_tensor(mesh, tmp_path):
+    mapping = CASES["tiny-llama"]
+    hf.save(T.random_model(_config("tiny-llama"), seed=4), None, tmp_path)
+    whole, _ = hf.load(tmp_path)
+    tensors = _as_float8_file(tmp_path, {EMBED_KEY})
+    for dtype in (None, jnp.float32):
+        model, _ = hf.load(tmp_path, mesh=mesh, axis_mapping=mapping, dtype=dtype)
+        embed = model.embed.weight
+        assert embed.array.dtype == (F8 if dtype is None else np.float32)
+        spec = partitioning.pspec_for_axis(embed.axes, mapping, mesh)
+        assert embed.array.sharding == NamedSharding(mesh, spec) and "data" in tuple(spec)
+        np.testing.assert_array_equal(
+            np.asarray(embed.array.astype(jnp.float32)), tensors[EMBED_KEY].astype(np.float32)
+        )
+        # The other tensors are read as they were.
+        np.testing.assert_array_equal(
+            np.asarray(model.final_norm.weight.array), np.asarray(whole.final_norm.weight.array)
+        )

@@ -19,31 +19,42 @@ W = jax.random.normal(_k[1], (V, D))
 TARGETS = jax.random.randint(_k[2], (TOKENS_,), 0, V).at[:3].set(jnp.array([0, V - 1, V - 2]))
 MASK = (jax.random.uniform(_k[3], (TOKENS_,)) > 0.3).astype(jnp.float32)
 Z = 1e-2
+CAP = 1.5  # logits here have std ~2.6, so tanh saturates: the cap changes loss and gradients
 
 
-def _full(h, w):
+def _full(h, w, softcap=None):
     """Plain jax.numpy: the whole (tokens, vocab) logits at once."""
     logits = h @ w.T
+    if softcap is not None:
+        logits = softcap * jnp.tanh(logits / softcap)
     lse = jax.nn.logsumexp(logits, axis=-1)
     ce = lse - jnp.take_along_axis(logits, TARGETS[:, None], axis=-1)[:, 0]
     return jnp.sum(MASK * ce), jnp.sum(MASK * lse**2)
 
 
-def _blockwise(h, w, block=BLOCK):
-    return blockwise_cross_entropy(h, w, TARGETS, MASK, block=block)
+def _blockwise(h, w, block=BLOCK, softcap=None):
+    return blockwise_cross_entropy(h, w, TARGETS, MASK, block=block, softcap=softcap)
 
 
+@pytest.mark.parametrize("softcap", [None, CAP])
 @pytest.mark.parametrize("block", [BLOCK, 1, 67, 100])
-def test_blockwise_loss_equals_the_full_computation(block):
-    ce, z = jax.jit(_blockwise, static_argnums=2)(H, W, block)
-    ref_ce, ref_z = _full(H, W)
+def test_blockwise_loss_equals_the_full_computation(block, softcap):
+    ce, z = jax.jit(_blockwise, static_argnums=(2, 3))(H, W, block, softcap)
+    ref_ce, ref_z = _full(H, W, softcap)
     np.testing.assert_allclose(float(ce), float(ref_ce), rtol=1e-5)
     np.testing.assert_allclose(float(z), float(ref_z), rtol=1e-5)
 
 
-def test_blockwise_gradients_equal_the_full_computation():
+def test_soft_cap_changes_the_loss():
+    # Guards the soft-cap tests against a cap too loose to matter at these logits.
+    capped, plain = _full(H, W, CAP), _full(H, W)
+    assert abs(float(capped[0]) - float(plain[0])) > 0.1 * abs(float(plain[0]))
+
+
+@pytest.mark.parametrize("softcap", [None, CAP])
+def test_blockwise_gradients_equal_the_full_computation(softcap):
     def total(fn):
-        return lambda h, w: fn(h, w)[0] + Z * fn(h, w)[1]
+        return lambda h, w: fn(h, w, softcap=softcap)[0] + Z * fn(h, w, softcap=softcap)[1]
 
     got = jax.jit(jax.grad(total(_blockwise), argnums=(0, 1)))(H, W)
     ref = jax.grad(total(_full), argnums=(0, 1))(H, W)
@@ -58,7 +69,8 @@ def _model_loss(model, tokens, loss_mask, segment_ids):
     return model.loss_and_metrics(tokens, loss_mask=loss_mask, segment_ids=segment_ids, z_loss=Z)
 
 
-@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-gemma"])  # untied and tied heads
+# untied and tied heads; Gemma 2 adds the final-logit soft cap (4.0)
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-gemma", "tiny-gemma2"])
 def test_model_loss_and_gradients_equal_the_full_logits_path(preset):
     cfg = mm.get_preset(preset)
     assert not cfg.blockwise_loss  # vocab 67 is below the default block
@@ -87,6 +99,17 @@ def test_blockwise_loss_is_on_by_default_above_the_block_size():
     assert cfg.replace(vocab_size=8193).blockwise_loss
     assert not cfg.replace(vocab_size=8192).blockwise_loss
     assert mm.get_preset("marin-32b").blockwise_loss
+
+
+def test_gemma2_uses_the_blockwise_loss_above_the_block_size():
+    cfg = mm.get_preset("tiny-gemma2")
+    assert cfg.final_logit_softcap == 4.0
+    assert cfg.replace(loss_vocab_block=16).blockwise_loss
+
+
+def test_non_positive_soft_cap_is_rejected():
+    with pytest.raises(ValueError, match=r"softcap=0.0: must be a positive float or None"):
+        _blockwise(H, W, softcap=0.0)
 
 
 def test_non_positive_block_is_rejected_with_the_fix():

@@ -87,12 +87,80 @@ def test_corrupt_file_is_an_error_naming_it(tmp_path):
         Checkpoint(tmp_path)
 
 
-def test_unsupported_dtype_names_the_tensor_and_the_fix(tmp_path):
-    torch = pytest.importorskip("torch")
-    from safetensors.torch import save_file as save_torch
+def _extremes(dtype):
+    """Values that catch a sign, width or rounding slip: 0, 1, the largest, the smallest."""
+    info = np.iinfo(dtype) if np.issubdtype(dtype, np.integer) else ml_dtypes.finfo(dtype)
+    grid = RNG.standard_normal((4, 6)) * 3
+    if np.issubdtype(dtype, np.integer):
+        grid = RNG.integers(0, int(info.max), (4, 6), dtype=np.uint64, endpoint=True)
+    out = np.asarray(grid).astype(dtype)
+    out[0, :3] = np.array([0, 1, info.max], dtype=dtype)
+    out[1, 0] = np.array(info.min, dtype=dtype)
+    return out
 
-    save_torch({"w8": torch.ones(3).to(torch.float8_e4m3fn)}, tmp_path / "model.safetensors")
-    with pytest.raises(SafetensorsError, match=r"tensor 'w8' has dtype F8_E4M3.*convert"):
+
+EXTRA_DTYPES = {
+    "F8_E4M3": ml_dtypes.float8_e4m3fn,
+    "F8_E5M2": ml_dtypes.float8_e5m2,
+    "F8_E4M3FNUZ": ml_dtypes.float8_e4m3fnuz,
+    "F8_E5M2FNUZ": ml_dtypes.float8_e5m2fnuz,
+    "F8_E8M0": ml_dtypes.float8_e8m0fnu,
+    "U8": np.uint8,
+    "U16": np.uint16,
+    "U32": np.uint32,
+    "U64": np.uint64,
+}
+
+
+def _header_dtypes(path):
+    raw = path.read_bytes()
+    header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
+    return {k: v["dtype"] for k, v in header.items() if k != "__metadata__"}
+
+
+@pytest.mark.parametrize("kind", sorted(EXTRA_DTYPES))
+def test_float8_and_unsigned_files_of_the_reference_library_read_exactly(kind, tmp_path):
+    value = _extremes(EXTRA_DTYPES[kind])
+    save_file({"t": value}, tmp_path / "model.safetensors")
+    assert _header_dtypes(tmp_path / "model.safetensors") == {"t": kind}
+    ckpt = Checkpoint(tmp_path)
+    assert ckpt.tensors["t"].dtype == value.dtype
+    whole, part = ckpt.read("t"), ckpt.read("t", (slice(1, 3), slice(2, 5)))
+    assert whole.dtype == part.dtype == value.dtype
+    np.testing.assert_array_equal(whole.view(np.uint8), value.view(np.uint8))
+    np.testing.assert_array_equal(part.view(np.uint8), value[1:3, 2:5].view(np.uint8))
+
+
+def test_bool_file_of_the_reference_library_reads_exactly(tmp_path):
+    value = RNG.random((5, 3)) > 0.5
+    save_file({"m": value}, tmp_path / "model.safetensors")
+    got = Checkpoint(tmp_path).read("m", (slice(1, 4),))
+    assert got.dtype == np.bool_
+    np.testing.assert_array_equal(got, value[1:4])
+
+
+def test_float8_next_to_other_dtypes_in_one_shard(tmp_path):
+    # The float8 tensor is read by byte offset: an offset slip would read its neighbour.
+    tensors = {**TENSORS, "g.f8": _extremes(ml_dtypes.float8_e4m3fn)}
+    save_file(tensors, tmp_path / "model.safetensors")
+    for k, v in read_all(tmp_path).items():
+        np.testing.assert_array_equal(v.view(np.uint8), tensors[k].view(np.uint8), err_msg=k)
+
+
+def test_our_float8_and_unsigned_shards_carry_the_format_names(tmp_path):
+    tensors = {k: _extremes(v) for k, v in EXTRA_DTYPES.items()}
+    names = write_sharded(tmp_path, _pending(tensors), max_shard_bytes=64)
+    written = {}
+    for name in names:
+        written.update(_header_dtypes(tmp_path / name))
+    assert written == {k: k for k in EXTRA_DTYPES}
+    for k, v in read_all(tmp_path).items():
+        np.testing.assert_array_equal(v.view(np.uint8), tensors[k].view(np.uint8), err_msg=k)
+
+
+def test_unsupported_dtype_names_the_tensor_and_the_fix(tmp_path):
+    save_file({"w": np.ones(3, np.complex64)}, tmp_path / "model.safetensors")
+    with pytest.raises(SafetensorsError, match=r"tensor 'w' has dtype C64.*convert the checkpoint"):
         Checkpoint(tmp_path)
 
 

@@ -685,9 +685,7 @@ class ModelConfig:
     @property
     def blockwise_loss(self) -> bool:
         """Whether the training loss runs over vocabulary blocks (`loss_vocab_block`)."""
-        # The blockwise loss has no final-logit soft cap (Gemma 2): those use full logits.
-        big = self.loss_vocab_block is not None and self.vocab_size > self.loss_vocab_block
-        return big and self.final_logit_softcap is None
+        return self.loss_vocab_block is not None and self.vocab_size > self.loss_vocab_block
 
     @property
     def q_heads_per_group(self) -> int:

@@ -7,6 +7,11 @@ holds more of a checkpoint than the piece it is copying. Writing streams one ten
 the shard plan and every header are computed from shapes and dtypes alone, then each tensor is
 produced, written and dropped. (The `safetensors` package can only write a whole in-memory
 dict, hence the writer here; what it writes is read back by the package in the tests.)
+
+Float8 tensors (`F8_E4M3`, `F8_E5M2`, ...) are `ml_dtypes` arrays. The package's numpy reader
+cannot build them (it looks the dtype up on `numpy` itself), so for those the reader takes the
+tensor's byte offset from the header and reads the rows it needs directly (the same ranged read
+as for object storage).
 """
 
 from __future__ import annotations
@@ -45,8 +50,25 @@ _DTYPES: dict[str, np.dtype] = {
     "U16": np.dtype("<u2"),
     "U8": np.dtype("u1"),
     "BOOL": np.dtype("bool"),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "F8_E4M3FNUZ": np.dtype(ml_dtypes.float8_e4m3fnuz),
+    "F8_E5M2FNUZ": np.dtype(ml_dtypes.float8_e5m2fnuz),
+    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
 }
 _NAMES = {v: k for k, v in _DTYPES.items()}
+# Dtypes `safe_open(..., framework="numpy")` cannot return: read by byte offset instead.
+_RANGED = frozenset(v for k, v in _DTYPES.items() if k.startswith("F8_"))
+
+
+def _dtype_of(path: Any, name: str, kind: str) -> np.dtype:
+    if kind not in _DTYPES:
+        raise SafetensorsError(
+            f"{path}: tensor {name!r} has dtype {kind}, which meltemi.models cannot load "
+            f"(supported: {sorted(_DTYPES)}); convert the checkpoint to one of those, e.g. "
+            "to bfloat16"
+        )
+    return _DTYPES[kind]
 
 
 class SafetensorsError(ValueError):
@@ -110,16 +132,13 @@ class Checkpoint:
                 self.tensors.update(_remote_header(path))
                 continue
             with _open(path) as f:
-                for name in f.keys():
+                names = list(f.keys())
+                for name in names:
                     piece = f.get_slice(name)
-                    kind = piece.get_dtype()
-                    if kind not in _DTYPES:
-                        raise SafetensorsError(
-                            f"{path}: tensor {name!r} has dtype {kind}, which meltemi.models "
-                            f"cannot load (supported: {sorted(_DTYPES)}); convert the "
-                            "checkpoint, e.g. to bfloat16"
-                        )
-                    self.tensors[name] = TensorInfo(path, tuple(piece.get_shape()), _DTYPES[kind])
+                    kind = _dtype_of(path, name, piece.get_dtype())
+                    self.tensors[name] = TensorInfo(path, tuple(piece.get_shape()), kind)
+            if any(self.tensors[n].dtype in _RANGED for n in names):
+                self.tensors.update(_remote_header(path))  # the byte offsets, for `read`
         if weight_map is not None:
             absent = sorted(k for k, f in weight_map.items() if k not in self.tensors)
             if absent:
@@ -136,7 +155,7 @@ class Checkpoint:
         info = self.tensors[name]
         if 0 in info.shape:  # the package cannot slice an empty tensor
             return np.zeros(info.shape, info.dtype)[index]
-        if self.remote:
+        if self.remote or info.dtype in _RANGED:
             return _remote_read(info, index)
         with _open(info.file) as f:
             piece = f.get_slice(name)
@@ -156,20 +175,16 @@ def _remote_header(path: Any) -> dict[str, TensorInfo]:
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        kind = entry["dtype"]
-        if kind not in _DTYPES:
-            raise SafetensorsError(
-                f"{path}: tensor {name!r} has dtype {kind}, which meltemi.models cannot load "
-                f"(supported: {sorted(_DTYPES)}); convert the checkpoint, e.g. to bfloat16"
-            )
+        kind = _dtype_of(path, name, entry["dtype"])
         start = 8 + size + entry["data_offsets"][0]
-        out[name] = TensorInfo(path, tuple(entry["shape"]), _DTYPES[kind], start)
+        out[name] = TensorInfo(path, tuple(entry["shape"]), kind, start)
     return out
 
 
 def _remote_read(info: TensorInfo, index: tuple[slice, ...]) -> np.ndarray:
-    """The block `index` of a tensor on object storage: one ranged read of the rows it spans
-    (the slice of the first dimension is contiguous), the other dimensions cut in memory."""
+    """The block `index` of a tensor on object storage (or a local float8 one): one ranged
+    read of the rows it spans (the slice of the first dimension is contiguous), the other
+    dimensions cut in memory."""
     shape = info.shape
     rows = index[0] if index else slice(None)
     first, stop, step = rows.indices(shape[0]) if shape else (0, 1, 1)

@@ -357,6 +357,7 @@ class Transformer(eqx.Module):
             targets.rearrange(order).array.reshape(-1),
             weight.rearrange(order).array.reshape(-1),
             block=self.config.loss_vocab_block,  # type: ignore[arg-type]
+            softcap=self.config.final_logit_softcap,
         )
 
     def loss(
