@@ -46,15 +46,18 @@ _OFFLINE: tuple[tuple[str, str], ...] = (
 )
 
 
-# XLA:CPU spends most of a small test program's compile time in LLVM's optimisation passes, and
-# tests check values, not speed: under a test runner every program compiles at -O0 without the
-# expensive LLVM passes (measured on models/tests/test_model.py, same load, alternating: 38-45 s
-# -> 22-28 s). The optimisation level changes float rounding (a few 1e-7 relative), so every
-# process of a test must compile the same way: subprocesses inherit XLA_FLAGS, and tests that
-# add flags (fake devices) append to it. `MELTEMI_TEST_FULL_OPT=1` turns this off.
+# XLA:CPU spends most of a small test program's compile time in its MLIR fusion emitters and
+# LLVM's optimisation passes, and tests check values, not speed: under a test runner every
+# program compiles with the classic fusion emitters, at -O0, without the expensive LLVM passes.
+# Measured on the smoke train step (5,412 HLO lines) in one process at load ~15: 22.3 s by
+# default, 11.1 s at -O0, 2.7 s with all three; models/tests/test_model.py 45 s -> 19 s.
+# The flags change float rounding (a few 1e-7 relative), so every process of a test must
+# compile the same way: subprocesses inherit XLA_FLAGS, and tests that add flags (fake devices)
+# append to it. `MELTEMI_TEST_FULL_OPT=1` turns this off.
 FAST_COMPILE_FLAGS: tuple[str, ...] = (
     "--xla_backend_optimization_level=0",
     "--xla_llvm_disable_expensive_passes=true",
+    "--xla_cpu_use_fusion_emitters=false",
 )
 
 
