@@ -165,7 +165,7 @@ def test_a_torn_ledger_line_or_a_missing_output_is_redone(tmp_path):
     cfg = _config(tmp_path, [a], min_shards=1)
     assert run_pipeline(cfg, stop_after_tasks=2) is None
     out = tmp_path / "out"
-    os.remove(out / "stages" / "exact_dedup" / "00000.parquet")  # killed before the rename
+    os.remove(out / "stages" / "exact_dedup" / "00000.npy")  # killed before the rename
     with (out / "ledger.jsonl").open("a") as fh:
         fh.write('{"stage": "quality", "sha')  # killed mid-line
     report = run_pipeline(cfg)
@@ -238,3 +238,27 @@ def test_a_killed_pipeline_resumes_where_it_stopped(tmp_path):
     assert [r["id"] for r in _documents(tmp_path / "out")] == [
         r["id"] for r in _documents(tmp_path / "full")]  # fmt: skip
     assert report["documents"] == full["documents"]
+
+
+def test_the_store_synced_per_shard_equals_the_store_synced_per_file(tmp_path, monkeypatch):
+    from meltemi.data import ParquetFiles, build_store
+
+    a = _jsonl(tmp_path / "a.jsonl", [{"text": f"document {i} " * (i + 1)} for i in range(40)])
+    run_pipeline(_config(tmp_path, [a], min_shards=1))
+    docs = ParquetFiles("documents", [str(tmp_path / "out" / "documents" / "00000.parquet")])
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    stores = {
+        sync: build_store([docs], ByteTokenizer(), tmp_path / sync, sync=sync, chunk_tokens=64)
+        for sync in ("files", "shards")
+    }
+    shard = tmp_path / "shards" / "shards" / "00000"
+    chunk_files = [p for p in shard.rglob("*") if p.is_file()]
+    assert len(chunk_files) > 10 and len(synced) >= len(chunk_files)  # each one fsynced
+    a_store, b_store = stores["files"], stores["shards"]
+    assert a_store.num_documents == b_store.num_documents == 40
+    for d in range(40):
+        assert np.array_equal(a_store.document(d), b_store.document(d))
+    with pytest.raises(ValueError, match=r"build_store\(sync='disk'\): use one of \['files', 'sha"):
+        build_store([docs], ByteTokenizer(), tmp_path / "x", sync="disk")

@@ -121,3 +121,10 @@ def test_one_permutation_fills_every_bin_alike_for_equal_shingle_sets():
 def test_an_unknown_scheme_is_refused():
     with pytest.raises(ValueError, match=r"scheme='oph'\): use 'one_permutation' or 'permut"):
         minhash_signatures(["a"], scheme="oph")
+
+
+def test_every_ascii_byte_splits_words_as_the_plain_python_computation_does():
+    texts = [f"ab{chr(c)}cd{chr(c)}{chr(c)}ef é{chr(c)}" for c in range(128)]
+    got, doc = word_shingles(texts, 1)
+    want = [(d, h) for d, t in enumerate(texts) for h in _reference_shingles(t, 1)]
+    assert list(zip(doc.tolist(), got.tolist(), strict=True)) == want

@@ -65,4 +65,8 @@ def test_the_vectorised_batch_equals_normalize_text_one_by_one():
 
 def test_digests_equal_the_digest_of_each_text():
     texts = ["a  b\n c", "a b c", "a bc", "", "Ωμέγα\tλέξη", "x " * 500]
+    rng = random.Random(2)  # every kind of whitespace, at the ends too, next to non-ASCII
+    pieces = ["a", "é", "Ω", "😀", "word", " ", "  ", "\t", "\n", "\n\n", "\r", "\x0b", "\x1c",
+              "\x85", "\xa0", "\u2028", "\u3000"]  # fmt: skip
+    texts += ["".join(rng.choices(pieces, k=rng.randint(0, 12))) for _ in range(3000)]
     assert digests(texts).tolist() == [digest(t) for t in texts]

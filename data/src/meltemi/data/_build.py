@@ -10,6 +10,7 @@ is written last (write to a temporary name, then rename): a store without it doe
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import fcntl
@@ -46,7 +47,34 @@ def _token_dtype(vocab_size: int) -> str:
     return "uint16" if vocab_size <= 1 << 16 else "uint32"
 
 
-def _write_array(base, sub: str, data: np.ndarray, dtype: str, chunk: int) -> None:
+_SYNC_MODES = ("files", "shards")
+
+
+def _fsync_tree(path: str) -> None:
+    """fsyncs every file under local `path`, then every directory, 16 at a time (concurrent
+    fsyncs share the filesystem's journal commits). A 1.8 M-token shard here: written with
+    tensorstore's fsync of each chunk file 112 ms, written without and then this 64 ms
+    (medians of 8, load 12)."""
+    files, dirs = [], []
+    for root, _, names in os.walk(path):
+        dirs.append(root)
+        files += [os.path.join(root, name) for name in names]
+
+    def fsync(p: str) -> None:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(fsync, files))
+        list(pool.map(fsync, dirs))
+
+
+def _write_array(
+    base, sub: str, data: np.ndarray, dtype: str, chunk: int, sync: bool = True
+) -> None:
     spec = {
         **zarr_spec(base, sub),
         "metadata": {
@@ -64,6 +92,8 @@ def _write_array(base, sub: str, data: np.ndarray, dtype: str, chunk: int) -> No
         "create": True,
         "delete_existing": True,
     }
+    if not sync:  # the caller fsyncs the whole shard at once (`_fsync_tree`)
+        spec["context"] = {"file_io_sync": False}
     arr = ts.open(spec).result()
     if len(data):
         arr.write(data.astype(dtype)).result()
@@ -79,6 +109,7 @@ class _ShardTask:
     policy: CleanPolicy
     chunk_tokens: int
     eval_hashes: str | None  # a sorted .npy of evaluation n-gram hashes, loaded once per worker
+    sync: str = "files"  # build_store(sync=...)
 
 
 _EVAL_SETS: dict[str, np.ndarray] = {}  # per worker process: path -> memory-mapped hashes
@@ -193,10 +224,13 @@ def _build_shard(task: _ShardTask) -> dict:
     final = os.path.join(task.path, "shards", f"{task.shard:05d}")
     tmp = f"{final}.tmp-{uuid.uuid4().hex[:8]}"
     base = kvstore_spec(tmp)
-    _write_array(base, "tokens", tokens, _token_dtype(tok.vocab_size), task.chunk_tokens)
-    _write_array(base, "offsets", offsets, "int64", 1 << 16)
+    per_file = task.sync == "files"
+    _write_array(base, "tokens", tokens, _token_dtype(tok.vocab_size), task.chunk_tokens, per_file)
+    _write_array(base, "offsets", offsets, "int64", 1 << 16, per_file)
     with open(os.path.join(tmp, "locations.json"), "w") as fh:
         json.dump({"locations": locations}, fh)
+    if not per_file:
+        _fsync_tree(tmp)  # durable before the rename and the ledger line, as with "files"
     if os.path.exists(final):  # left by a run killed between the rename and the ledger line
         shutil.rmtree(final)
     os.rename(tmp, final)
@@ -300,6 +334,7 @@ def build_store(
     chunk_tokens: int = 1 << 15,
     progress: Callable[[int, int], None] | None = None,
     stop_after_shards: int | None = None,
+    sync: str = "files",
 ) -> TokenStore | None:
     """Builds (or resumes, or just opens) the token store at local `path`.
 
@@ -319,6 +354,11 @@ def build_store(
         progress: called as `progress(shards_done, shards_total)` after each shard.
         stop_after_shards: build at most this many new shards then return None without
             finalising (rerun to continue); for incremental builds and tests.
+        sync: how a shard is made durable before its ledger line: `"files"` (tensorstore
+            fsyncs each chunk file as it writes it) or `"shards"` (the shard's files are
+            written without fsync, then all fsynced at once before the shard is renamed
+            into place: the same guarantee, for about half the wait where an fsync costs
+            ~10 ms). The store is the same either way.
 
     Returns:
         The opened `TokenStore`, or None when `stop_after_shards` stopped the build early.
@@ -343,6 +383,8 @@ def build_store(
             f"and copy it (the store opens from gs:// or s3:// through tensorstore)"
         )
     policy = policy or CleanPolicy()
+    if sync not in _SYNC_MODES:
+        raise ValueError(f"build_store(sync={sync!r}): use one of {list(_SYNC_MODES)}")
     if not sources:
         raise ValueError("build_store(sources=[]): pass at least one source")
     names = [s.name for s in sources]
@@ -391,6 +433,7 @@ def build_store(
             chunk_tokens=chunk_tokens,
             progress=progress,
             stop_after_shards=stop_after_shards,
+            sync=sync,
         )
 
 
@@ -453,6 +496,7 @@ def _build_locked(
     chunk_tokens: int,
     progress: Callable[[int, int], None] | None,
     stop_after_shards: int | None,
+    sync: str = "files",
 ) -> TokenStore | None:
     if os.path.exists(os.path.join(path, "build.json")):
         _check_build(path, plan, finished=os.path.exists(os.path.join(path, "meta.json")))
@@ -486,6 +530,7 @@ def _build_locked(
             policy=policy,
             chunk_tokens=chunk_tokens,
             eval_hashes=eval_hashes,
+            sync=sync,
         )
         for s in todo
     ]

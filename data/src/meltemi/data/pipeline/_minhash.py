@@ -68,7 +68,8 @@ def word_shingles(texts: list[str], shingle_size: int) -> tuple[np.ndarray, np.n
     encoded = [t.lower().encode("utf-8", errors="replace") for t in texts]
     b = np.frombuffer(b"\n".join(encoded) + b"\n", np.uint8)  # the joining newline separates
     lengths = np.fromiter((len(e) + 1 for e in encoded), np.int64, len(encoded))
-    sep = _SEPARATOR[b]
+    # `_SEPARATOR[b]` by comparisons (uint8 wraps below each range's start): 2.5x faster.
+    sep = (b < 48) | ((b - 58) < 7) | ((b - 91) < 6) | ((b - 123) < 5)
     word = ~sep
     starts = np.flatnonzero(word & np.concatenate([[True], sep[:-1]]))
     ends = np.flatnonzero(word & np.concatenate([sep[1:], [True]])) + 1
@@ -114,7 +115,7 @@ def _batches(texts: list[str], limit: int = 1 << 20):
 _EMPTY = np.uint32(0xFFFFFFFF)
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=64)
 def _attempts(k: int, seed: int, t0: int, block: int) -> np.ndarray:
     """Bins tried by attempts `t0 + 1 .. t0 + block` of every bin: int64 [block, k]."""
     t = np.arange(t0 + 1, t0 + block + 1, dtype=np.uint64)[:, None]
@@ -123,12 +124,13 @@ def _attempts(k: int, seed: int, t0: int, block: int) -> np.ndarray:
     return (_splitmix(key) % np.uint64(k)).astype(np.int64)
 
 
-def _densify(out: np.ndarray, has: np.ndarray, seed: int, block: int = 32) -> None:
+def _densify(out: np.ndarray, has: np.ndarray, seed: int, block: int = 8) -> None:
     """Optimal densification (Shrivastava, ICML 2017): an empty bin `i` takes the value of
     bin `h(i, t) mod K` for the first attempt `t` that lands on a non-empty bin. The choice
     depends on `(i, t)` only, so two documents with the same shingles fill bins alike, and
     the collision probability of a bin stays their Jaccard similarity. Attempts are tried
-    `block` at a time for all empty bins at once."""
+    `block` at a time for all empty bins at once (8: most bins are filled by their first
+    attempt; 32 cost 15% more of the whole signature time on the bench corpus)."""
     k = out.shape[1]
     orig = out.copy()
     r, c = np.nonzero((orig == _EMPTY) & has[:, None])

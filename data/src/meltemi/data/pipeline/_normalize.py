@@ -88,8 +88,6 @@ _SLOW = (
     r"[\x00-\x08\x0b-\x1f\x7f-\x9f\x{200b}-\x{200d}\x{2060}\x{feff}"
     r"\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}]"
 )
-_ASCII_SPACE = np.zeros(256, bool)
-_ASCII_SPACE[[9, 10, 32]] = True  # the only whitespace bytes the vectorised path sees
 
 
 def _string_array(texts: list[str]):
@@ -106,38 +104,17 @@ def _offsets_and_bytes(arr) -> tuple[np.ndarray, np.ndarray]:
     return (offsets - offsets[0]).astype(np.int64), data
 
 
-def _long_run_docs(arr, max_run: int) -> np.ndarray:
-    """Documents that may hold a run of one byte, or of ASCII whitespace, longer than
-    `max_run` (exactly: the caller sends them to `normalize_text`, which decides); runs of
-    a multi-byte character are checked by the caller.
-
-    As in `truncate_runs`: with stride `s = max(1, max_run // 2)` such a run covers some
-    whole window `[k s, k s + s]` of the concatenated bytes, so only the windows whose two
-    ends agree are looked at whole (few in any text).
-    """
-    offsets, data = _offsets_and_bytes(arr)
-    hit = np.zeros(len(arr), bool)
-    if data is None or not len(data):
-        return hit
-    key = np.where(_ASCII_SPACE[data], np.uint8(32), data)
-    s = max(1, max_run // 2)
-    a = np.arange(0, len(key) - s, s)
-    for start in a[key[a] == key[a + s]].tolist():
-        window = key[start : start + s + 1]
-        if window.min() == window.max():
-            hit[np.searchsorted(offsets, start, side="right") - 1] = True
-            hit[np.searchsorted(offsets, start + s, side="right") - 1] = True
-    return hit
-
-
 def normalize_texts(
     texts: list[str | bytes], max_run: int
 ) -> tuple[list[str], dict[int, collections.Counter]]:
     """`normalize_text` of every text, vectorised: the same output, text for text.
 
-    Texts that are valid NFC without controls, Unicode spaces or long runs (most of any
-    corpus) are normalised by a few `pyarrow.compute` passes over the whole batch; the rest
-    go through `normalize_text`. Returns the texts and, by index, the counted changes of
+    Texts that are valid NFC without controls or Unicode spaces (one RE2 pass over the
+    batch) and without long runs (`_may_have_long_run`, a few comparisons per text) are most
+    of any corpus: only those with a blank before a line end or 3+ line ends in a row (one
+    more RE2 match) go through the two replaces, and all are trimmed in one pass; the rest go
+    through `normalize_text`. On the bench corpus, 64 ms for 15 MB against 86 ms for
+    `normalize_text` one by one. Returns the texts and, by index, the counted changes of
     those that had any.
 
     >>> normalize_texts(["a  \\n\\n\\n\\nb ", b"c\\xff"], 1000)
@@ -157,13 +134,18 @@ def normalize_texts(
     except UnicodeEncodeError:  # a lone surrogate somewhere: find it
         fast = [i for i in fast if _encodable(texts[i])]
         arr = _string_array([texts[i] for i in fast])
-    slow = np.asarray(pc.match_substring_regex(arr, _SLOW), bool) | _long_run_docs(arr, max_run)
-    for j in np.flatnonzero(~slow & ~np.asarray(pc.string_is_ascii(arr), bool)).tolist():
-        slow[j] = _may_have_long_run(texts[fast[j]], max_run)  # runs of multi-byte characters
+    slow = np.asarray(pc.match_substring_regex(arr, _SLOW), bool)
+    for j in np.flatnonzero(~slow).tolist():  # the stride check of `truncate_runs` (cheap)
+        slow[j] = _may_have_long_run(texts[fast[j]], max_run)
     done = np.asarray(fast, np.int64)[~slow]
     arr = arr.filter(~slow)
-    arr = pc.replace_substring_regex(arr, r"[ \t]+\n", "\n")
-    arr = pc.replace_substring_regex(arr, r"\n\n\n+", "\n\n")
+    # Only the texts with a blank before a line end or 3+ line ends go through the replaces.
+    blanks = np.asarray(pc.match_substring_regex(arr, r"[ \t]\n|\n\n\n"), bool)
+    if blanks.any():
+        sub = arr.filter(blanks)
+        sub = pc.replace_substring_regex(sub, r"[ \t]+\n", "\n")
+        sub = pc.replace_substring_regex(sub, r"\n\n\n+", "\n\n")
+        arr = pc.replace_with_mask(arr, blanks, sub)
     for i, text in zip(done.tolist(), pc.utf8_trim_whitespace(arr).to_pylist(), strict=True):
         out[i] = text
     rest = np.ones(len(texts), bool)
@@ -184,28 +166,53 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def digests(texts: list[str]) -> np.ndarray:
-    """`digest` of every text (uint64), vectorised: the words are split and joined by
-    `pyarrow.compute`, then each joined text is hashed from the array's buffer.
+# Whitespace other than ' ', '\t', '\n' (`str.split` splits on it too): texts holding any go
+# through `digest` (normalised texts never do).
+_OTHER_SPACE = (
+    r"[\x0b\x0c\r\x1c-\x1f\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}"
+    r"\x{202f}\x{205f}\x{3000}]"
+)
 
-    >>> bool(digests(["a  b", "a b c"])[0] == digest("a b"))
+
+def digests(texts: list[str]) -> np.ndarray:
+    """`digest` of every text (uint64), vectorised over the UTF-8 bytes of the batch: in a
+    text that neither starts nor ends with whitespace and holds none but ' ', '\t', '\n'
+    (every normalised text), dropping each whitespace byte that follows another and turning
+    the rest into ' ' joins its words by one space; each text is then hashed straight from
+    the buffer. The others (and empty texts) are hashed one by one.
+
+    >>> bool(digests(["a  b", "a b c", " a\tb"])[0] == digest("a b") == digests([" a\tb"])[0])
     True
     """
     import pyarrow.compute as pc
 
-    if not texts:
+    n = len(texts)
+    if not n:
         return np.zeros(0, np.uint64)
-    arr = pc.utf8_trim_whitespace(_string_array(texts))  # (split would yield "" at the ends)
-    joined = pc.binary_join(pc.utf8_split_whitespace(arr), " ")
-    offsets, data = _offsets_and_bytes(joined)
-    view = memoryview(data if data is not None else b"")
+    arr = _string_array(texts)
+    offsets, data = _offsets_and_bytes(arr)
+    b = data if data is not None else np.zeros(0, np.uint8)
+    ws = (b == 32) | (b == 9) | (b == 10)
+    starts, ends = offsets[:-1], offsets[1:]
+    full = np.flatnonzero(ends > starts)
+    slow = np.ones(n, bool)  # empty texts too
+    slow[full] = ws[starts[full]] | ws[ends[full] - 1]
+    slow |= np.asarray(pc.match_substring_regex(arr, _OTHER_SPACE), bool)
+    keep = np.ones(len(b), bool)
+    keep[1:] = ~(ws[1:] & ws[:-1])  # (never across texts: the fast ones end in a non-space)
+    joined = np.where(ws, np.uint8(32), b)[keep]
+    kept = np.zeros(n, np.int64)
+    if len(full):
+        kept[full] = np.add.reduceat(keep.view(np.uint8), starts[full], dtype=np.int64)
+    bounds = np.concatenate([[0], np.cumsum(kept)]).tolist()
+    view = memoryview(joined)
     h = xxhash.xxh3_64_intdigest
-    bounds = offsets.tolist()
-    return np.fromiter(
-        (h(view[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)),
-        np.uint64,
-        count=len(texts),
+    out = np.fromiter(
+        (h(view[a:z]) for a, z in zip(bounds[:-1], bounds[1:], strict=True)), np.uint64, count=n
     )
+    for i in np.flatnonzero(slow).tolist():
+        out[i] = digest(texts[i])
+    return out
 
 
 def digest(text: str) -> int:

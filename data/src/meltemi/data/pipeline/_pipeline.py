@@ -3,17 +3,20 @@
     DIR/pipeline.json        the plan: options that change the output, the input files (size
                              and content digest each), shard -> files
     DIR/ledger.jsonl         one line per finished (stage, shard): counts, or `quarantined`
-    DIR/stages/<stage>/NNNNN.parquet   each stage's output per shard (minhash: .npz)
+    DIR/stages/normalize/NNNNN.parquet  each shard's normalised documents (written once)
+    DIR/stages/<stage>/NNNNN.npy       the rows of it that exact_dedup / fuzzy_dedup drop
+    DIR/stages/minhash/NNNNN.npz       the signatures of the rows that reach minhash
     DIR/documents/NNNNN.parquet        the documents that survive every stage
     DIR/store/               the token store (with --tokenize)
     DIR/report.json          written last: the pipeline has finished iff it exists
 
 A task writes its file under a temporary name and renames it; only then does the driver
-append its ledger line. A rerun skips every (stage, shard) the ledger lists and whose file
-exists, so a killed pipeline loses at most the tasks that were running, and a rerun of a
-finished one (report.json present, same plan) does nothing. The global steps (which rows
-are exact and near duplicates) are pure functions of the previous stage's files, so a
-resumed run recomputes the same answer.
+append its ledger line (fsynced once a stage's tasks have all ended: a kill loses nothing
+written, a power cut at most the lines of the stage that was running). A rerun skips every
+(stage, shard) the ledger lists and whose file exists, so a killed pipeline loses at most the
+tasks that were running, and a rerun of a finished one (report.json present, same plan) does
+nothing. The global steps (which rows are exact and near duplicates) are pure functions of
+the previous stages' files, so a resumed run recomputes the same answer.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from meltemi.data._sources import Files, ParquetFiles, _file_stat, file_digest
 from meltemi.data._tokenizer import load_tokenizer
 from meltemi.data.pipeline._minhash import lsh_params, near_duplicate_drops
 from meltemi.data.pipeline._quality import QualityConfig
-from meltemi.data.pipeline._runner import TaskPool
+from meltemi.data.pipeline._runner import TaskPool, _inline
 from meltemi.data.pipeline._stages import (
     ShardTask,
     filter_shard,
@@ -216,15 +219,23 @@ class _Ledger:
                     elif entry.get("quarantined") or os.path.exists(entry["output"]):
                         self.entries[(entry["stage"], entry["shard"])] = entry
 
-    def add(self, entry: dict) -> None:
+    def add(self, entry: dict, sync: bool = True) -> None:
+        """Appends `entry` (written through at once, so a kill loses nothing); `sync=False`
+        leaves the fsync to a later `sync()` (one per stage, not one per task)."""
         with open(self.path, "a") as fh:
             fh.write(json.dumps(entry, sort_keys=True) + "\n")
             fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                os.fsync(fh.fileno())
         if "plan" in entry:
             self.plans[entry["stage"]] = entry["plan"]
         else:
             self.entries[(entry["stage"], entry["shard"])] = entry
+
+    def sync(self) -> None:
+        if os.path.exists(self.path):
+            with open(self.path, "a") as fh:
+                os.fsync(fh.fileno())
 
     def done(self, stage: str, shard: int) -> dict | None:
         return self.entries.get((stage, shard))
@@ -247,7 +258,7 @@ class _Run:
     def path(self, stage: str, shard: int) -> str:
         if stage == "quality":
             return os.path.join(self.root, "documents", f"{shard:05d}.parquet")
-        ext = "npz" if stage == "minhash" else "parquet"
+        ext = {"normalize": "parquet", "minhash": "npz"}.get(stage, "npy")
         return os.path.join(self.root, "stages", stage, f"{shard:05d}.{ext}")
 
     def alive(self, stage: str) -> list[int]:
@@ -259,8 +270,17 @@ class _Run:
                 out.append(s["id"])
         return out
 
-    def run(self, stage: str, fn, tasks: list[ShardTask]) -> None:
-        """Runs the tasks of `stage` the ledger does not list; records each outcome."""
+    def dropped_before(self, stage: str, shard: int) -> np.ndarray | None:
+        """Rows of the shard's normalised file that the dedup stages before `stage` drop."""
+        stages = self.config.stages()
+        before = [s for s in stages[: stages.index(stage)] if s in ("exact_dedup", "fuzzy_dedup")]
+        drops = [np.load(self.path(s, shard)) for s in before]
+        return np.unique(np.concatenate(drops)) if drops else None
+
+    def run(self, stage: str, fn, tasks: list[ShardTask], inline: bool = False) -> None:
+        """Runs the tasks of `stage` the ledger does not list; records each outcome.
+
+        `inline`: in this process (tasks that only write a list of rows), not on the pool."""
         todo = [t for t in tasks if self.ledger.done(stage, t.shard) is None]
         if self.budget is not None:
             if self.budget <= 0 and todo:
@@ -269,8 +289,17 @@ class _Run:
         if not todo:
             return
         self.log(f"{stage}: {len(todo)} shard tasks")
-        outcomes = self.pool.run(fn, [(t.shard, t) for t in todo])
+        items = [(t.shard, t) for t in todo]
+        outcomes = _inline(fn, items, self.pool.retries) if inline else self.pool.run(fn, items)
         output = {t.shard: t.output for t in todo}
+        try:
+            self._record(stage, outcomes, output)
+        finally:
+            self.ledger.sync()
+        if self.budget is not None and any(self.ledger.done(stage, t.shard) is None for t in tasks):
+            raise _Stopped
+
+    def _record(self, stage: str, outcomes, output: dict) -> None:
         for o in outcomes:
             entry = {
                 "stage": stage,
@@ -285,11 +314,9 @@ class _Run:
                 self.log(
                     f"{stage}: shard {o.key} quarantined after {o.attempts} attempts: {o.error}"
                 )
-            self.ledger.add(entry)
+            self.ledger.add(entry, sync=False)
             if self.budget is not None:
                 self.budget -= 1
-        if self.budget is not None and any(self.ledger.done(stage, t.shard) is None for t in tasks):
-            raise _Stopped
 
 
 def _prev(stages: list[str], stage: str) -> str:
@@ -297,9 +324,10 @@ def _prev(stages: list[str], stage: str) -> str:
     return stages[i - 1] if stages[i - 1] != "minhash" else stages[i - 2]
 
 
-def _exact_drops(run: _Run, source: str, shards: list[int]) -> dict[int, np.ndarray]:
-    """Rows of each shard whose text is a duplicate of an earlier row (input order)."""
-    digests = [read_table(run.path(source, s), ["digest"])["digest"] for s in shards]
+def _exact_drops(run: _Run, shards: list[int]) -> dict[int, np.ndarray]:
+    """Rows of each shard's normalised file whose text is a duplicate of an earlier row
+    (input order)."""
+    digests = [read_table(run.path("normalize", s), ["digest"])["digest"] for s in shards]
     if not digests:
         return {}
     allv = np.concatenate(digests)
@@ -311,26 +339,31 @@ def _exact_drops(run: _Run, source: str, shards: list[int]) -> dict[int, np.ndar
 
 
 def _fuzzy_drops(run: _Run, shards: list[int]) -> tuple[dict[int, np.ndarray], dict]:
+    """Rows of each shard's normalised file that are near-duplicates of an earlier row among
+    those that reached minhash, and the LSH statistics."""
     cfg = run.config
-    sigs, has = [], []
+    sigs, has, rows = [], [], []
     for s in shards:
         with np.load(run.path("minhash", s)) as z:
             sigs.append(z["sig"])
             has.append(z["has"])
+            rows.append(z["rows"])
     if not sigs:
         return {}, {}
-    bands, rows = lsh_params(float(cfg.near_duplicate_threshold), cfg.num_perm)
+    bands, nrows = lsh_params(float(cfg.near_duplicate_threshold), cfg.num_perm)
     start = time.perf_counter()
     drop, stats = near_duplicate_drops(
         np.concatenate(sigs),
         np.concatenate(has),
         threshold=float(cfg.near_duplicate_threshold),
         bands=bands,
-        rows=rows,
+        rows=nrows,
     )
     stats["seconds"] = round(time.perf_counter() - start, 4)
     bounds = np.cumsum([0] + [len(x) for x in sigs])
-    return {s: np.flatnonzero(drop[bounds[i] : bounds[i + 1]]) for i, s in enumerate(shards)}, stats
+    return {
+        s: rows[i][np.flatnonzero(drop[bounds[i] : bounds[i + 1]])] for i, s in enumerate(shards)
+    }, stats
 
 
 def _stage_tasks(run: _Run, stage: str) -> tuple[Callable, list[ShardTask]]:
@@ -348,26 +381,36 @@ def _stage_tasks(run: _Run, stage: str) -> tuple[Callable, list[ShardTask]]:
     # A shard quarantined by minhash has no signatures: fuzzy dedup skips it too.
     alive = run.alive("minhash" if stage == "fuzzy_dedup" else source)
     pending = [s for s in alive if run.ledger.done(stage, s) is None]
-    if stage == "minhash":
-        opts = {"num_perm": cfg.num_perm, "shingle_size": cfg.shingle_size, "seed": cfg.seed}
-        tasks = [ShardTask(s, (run.path(source, s),), run.path(stage, s), opts) for s in alive]
-        return minhash_shard, tasks
-    if stage == "quality":
+    normalized = {s: (run.path("normalize", s),) for s in alive}
+    if stage in ("minhash", "quality"):  # read the normalised file, skip the dropped rows
+        drop = {s: run.dropped_before(stage, s) for s in pending}
+        if stage == "minhash":
+            opts = {"num_perm": cfg.num_perm, "shingle_size": cfg.shingle_size, "seed": cfg.seed}
+            fn, kw = minhash_shard, {"options": opts}
+        else:
+            fn, kw = quality_shard, {"quality": cfg.quality}
         tasks = [
-            ShardTask(s, (run.path(source, s),), run.path(stage, s), quality=cfg.quality)
-            for s in alive
+            ShardTask(s, normalized[s], run.path(stage, s), drop=drop.get(s), **kw) for s in alive
         ]
-        return quality_shard, tasks
+        return fn, tasks
     drops: dict[int, np.ndarray] = {}
-    if pending:  # the global step: a pure function of the previous stage's files
+    if pending:  # the global step: a pure function of the previous stages' files
         if stage == "exact_dedup":
-            drops = _exact_drops(run, source, alive)
+            drops = _exact_drops(run, alive)
         else:
             drops, stats = _fuzzy_drops(run, run.alive("minhash"))
             run.ledger.add({"stage": stage, "plan": stats})
     reason = "exact_duplicate" if stage == "exact_dedup" else "near_duplicate"
+    into = "minhash" if stage == "fuzzy_dedup" else source  # its `kept` rows reach this stage
     tasks = [
-        ShardTask(s, (run.path(source, s),), run.path(stage, s), drop=drops.get(s), reason=reason)
+        ShardTask(
+            s,
+            normalized[s],
+            run.path(stage, s),
+            {"in": run.ledger.done(into, s)["kept"]},
+            drop=drops.get(s),
+            reason=reason,
+        )
         for s in alive
     ]
     return filter_shard, tasks
@@ -481,6 +524,7 @@ def _tokenize(run: _Run) -> dict | None:
             executor=executor,
             shard_bytes=1,  # one store shard per documents file: a failure names its shard
             min_shards=1,
+            sync="shards",  # a shard's files fsynced all at once, not each as written
         )
         if store is not None:
             break
@@ -590,7 +634,7 @@ def run_pipeline(
         try:
             for stage in config.stages():
                 fn, tasks = _stage_tasks(run, stage)
-                run.run(stage, fn, tasks)
+                run.run(stage, fn, tasks, inline=fn is filter_shard)
             rows = [_stage_report(run, stage) for stage in config.stages()]
             if config.tokenize:
                 if run.budget is not None and run.budget <= 0:

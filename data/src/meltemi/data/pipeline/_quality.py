@@ -67,34 +67,73 @@ def _code_points(arr) -> tuple[np.ndarray, np.ndarray]:
     return cp, np.searchsorted(at, offsets)
 
 
-def _word_stats(arr, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _doc_sums(flags: np.ndarray, starts: np.ndarray, n: int) -> np.ndarray:
+    """Per document, how many of `flags` (bool, one per code point) are set: one
+    `np.add.reduceat` over the documents that are not empty."""
+    out = np.zeros(n)
+    nonempty = np.flatnonzero(starts[1:] > starts[:-1])
+    if len(nonempty):
+        dtype = np.int32 if len(flags) < 2**31 else np.int64
+        out[nonempty] = np.add.reduceat(flags.view(np.uint8), starts[nonempty], dtype=dtype)
+    return out
+
+
+def _word_stats(cp: np.ndarray, starts: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
     """Per document: words (as str.split() finds them), their characters, and the words
-    holding a letter; a few numpy passes over the code points of the whole batch."""
-    cp, starts = _code_points(arr)
+    holding a letter; a few numpy passes over the code points of the whole batch
+    (`_code_points`)."""
     if not len(cp):
         return np.zeros(n), np.zeros(n), np.zeros(n)
-    if cp.dtype == np.uint8:
-        space, letter = _IS_SPACE[cp], _letters()[cp]
+    if cp.dtype == np.uint8:  # ASCII: whitespace is 9-13 and 28-32, letters A-Z and a-z
+        space = (cp == 32) | ((cp - 9) <= 4) | ((cp - 28) <= 3)  # (uint8 wraps below)
+        letter = ((cp | 32) - 97) <= 25
     else:
         space = _IS_SPACE[np.minimum(cp, _TOP)]
         letter = _letters()[np.minimum(cp, 0xFFFF)]
         for i in np.flatnonzero(cp > 0xFFFF).tolist():  # rare: outside the BMP
             c = unicodedata.category(chr(int(cp[i])))
             letter[i] = c[0] == "L" or c in ("Nl", "No")
-    boundary = np.concatenate([[True], space[:-1]])
+    starts_word = np.empty(len(cp), bool)  # a non-space after a space or a document start
+    starts_word[0] = True
+    starts_word[1:] = space[:-1]
     firsts = starts[:-1]
-    boundary[firsts[firsts < len(cp)]] = True  # a document's first character starts a word
-    word_at = np.flatnonzero(~space & boundary)
-    word_doc = np.searchsorted(starts, word_at, side="right") - 1
-    # A word's characters run to the next word's start (spaces between are not letters).
-    lettered = np.logical_or.reduceat(letter, word_at) if len(word_at) else np.zeros(0, bool)
-    spaces = np.bincount(np.searchsorted(starts, np.flatnonzero(space), side="right") - 1,
-                         minlength=n)[:n]  # fmt: skip
+    starts_word[firsts[firsts < len(cp)]] = True
+    starts_word &= ~space
+    word_at = np.flatnonzero(starts_word)
+    lettered = np.zeros(len(cp), bool)  # at the start of each word holding a letter
+    if len(word_at):
+        # A word's characters run to the next word's start (spaces between are not letters).
+        lettered[word_at[np.logical_or.reduceat(letter, word_at)]] = True
     return (
-        np.bincount(word_doc, minlength=n)[:n].astype(np.float64),
-        (np.diff(starts) - spaces).astype(np.float64),
-        np.bincount(word_doc[lettered], minlength=n)[:n].astype(np.float64),
+        _doc_sums(starts_word, starts, n),
+        np.diff(starts) - _doc_sums(space, starts, n),
+        _doc_sums(lettered, starts, n),
     )
+
+
+def _symbols(cp: np.ndarray, starts: np.ndarray, n: int) -> np.ndarray:
+    """Per document, `#`, `…` and non-overlapping `...` (as `re.findall("#|[.]{3}|…")`
+    counts them): a run of k dots holds k // 3. Symbols are rare, so only their positions
+    are looked at."""
+    out = np.zeros(n)
+    if not len(cp):
+        return out
+
+    def doc_of(positions: np.ndarray) -> np.ndarray:
+        return np.searchsorted(starts, positions, side="right") - 1
+
+    out += np.bincount(doc_of(np.flatnonzero(cp == 35)), minlength=n)[:n]  # '#'
+    if cp.dtype != np.uint8:  # not all ASCII: '…' may occur
+        out += np.bincount(doc_of(np.flatnonzero(cp == 0x2026)), minlength=n)[:n]
+    dots = np.flatnonzero(cp == 46)
+    if len(dots):
+        head = np.ones(len(dots), bool)  # the first dot of each run
+        head[1:] = dots[1:] != dots[:-1] + 1
+        head[np.isin(dots, starts)] = True  # a run never continues into the next document
+        first = np.flatnonzero(head)
+        runs = np.diff(np.append(first, len(dots)))
+        out += np.bincount(doc_of(dots[first]), weights=runs // 3, minlength=n)[:n]
+    return out
 
 
 _FRACTIONS = {
@@ -209,11 +248,10 @@ def quality_reasons(texts, config: QualityConfig) -> list[str | None]:
     arr = texts if isinstance(texts, pa.Array | pa.ChunkedArray) else pa.array(texts, pa.string())
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
-    n_words, chars, lettered = _word_stats(arr, n)
+    cp, starts = _code_points(arr)
+    n_words, chars, lettered = _word_stats(cp, starts, n)
     safe = np.maximum(n_words, 1)
-    symbols = sum(
-        np.asarray(pc.count_substring(arr, sym), np.float64) for sym in ("#", "...", "\u2026")
-    )
+    symbols = _symbols(cp, starts, n)
     lines, line_parents = _items(arr, "\n")
     n_lines = np.maximum(_per_doc(line_parents, None, n), 1)
     ellipsis = _per_doc(line_parents, np.asarray(pc.match_substring_regex(lines, _ELLIPSIS_LINE),

@@ -150,6 +150,7 @@ class TaskPool:
             worker, job, future = done.get()
             running -= 1
             key, item, attempt = job
+            outcome = None
             try:
                 result = future.result()
             except Exception as e:  # noqa: BLE001 - classified below; the job goes on
@@ -158,12 +159,14 @@ class TaskPool:
                 if attempt <= self.retries:
                     todo.append((key, item, attempt + 1))
                 else:
-                    yield Outcome(key, None, _describe(e, self.task_timeout_s), attempt)
+                    outcome = Outcome(key, None, _describe(e, self.task_timeout_s), attempt)
             else:
-                yield Outcome(key, result, None, attempt)
-            if todo:
+                outcome = Outcome(key, result, None, attempt)
+            if todo:  # before the caller records the outcome: the actor works meanwhile
                 submit(worker, todo.pop())
                 running += 1
+            if outcome is not None:
+                yield outcome
 
     def map_unordered(self, fn: Callable[[Any], Any], items) -> Iterator[Any]:
         for outcome in self.run(fn, list(enumerate(items))):

@@ -1,8 +1,12 @@
-"""The shard tasks of each stage: read the previous stage's Parquet file of the shard, do the
-stage's work, write this stage's file (temporary name, then rename), return the counts.
+"""The shard tasks of each stage: do the stage's work on one shard, write this stage's file
+(temporary name, then rename), return the counts.
 
-Every file has the columns `id`, `text`, `meta` (the input's other fields, a JSON string) and
-`digest` (xxh3-64 of the normalised text); `documents/*.parquet` drops `digest`.
+The normalised documents are written once, by `normalize`, to a Parquet file with the columns
+`id`, `text`, `meta` (the input's other fields, a JSON string) and `digest` (xxh3-64 of the
+normalised text). The dedup stages do not copy it: each writes the rows (of that file) it
+drops, a `.npy`; `minhash` and `quality` read the normalised file and skip the rows dropped
+before them (`ShardTask.drop`). `quality` writes the survivors to `documents/*.parquet`
+(`id`, `text`, `meta`).
 """
 
 from __future__ import annotations
@@ -29,11 +33,13 @@ class ShardTask:
 
     Attributes:
         shard: the shard's id (fixed by the plan).
-        inputs: input files (normalize) or the previous stage's file of the shard.
+        inputs: input files (normalize) or the shard's normalised file (minhash, quality).
         output: the file this task writes.
         options: the stage's settings (plain values).
-        drop: rows of the input to drop (exact and fuzzy dedup), sorted.
-        reason: what dropped rows are counted under.
+        drop: rows of the normalised file to drop, sorted: this stage's (exact and fuzzy
+            dedup, which record them), or those dropped before it (minhash, quality, which
+            skip them).
+        reason: what the rows a dedup stage drops are counted under.
         quality: the quality rules (quality stage).
     """
 
@@ -172,23 +178,40 @@ def normalize_shard(task: ShardTask) -> dict:
 
 
 def filter_shard(task: ShardTask) -> dict:
-    """Drops the rows `task.drop` (exact or fuzzy duplicates) from the shard's file."""
+    """Records the rows `task.drop` (exact or fuzzy duplicates, rows of the normalised file)
+    as this stage's `.npy`; `task.options["in"]` rows reached the stage."""
     start = time.perf_counter()
-    table = read_arrow(task.inputs[0])
-    n = table.num_rows
-    keep = np.ones(n, bool)
-    if task.drop is not None and len(task.drop):
-        keep[task.drop] = False
-    kept = int(keep.sum())
-    write_arrow(task.output, table.filter(keep) if kept < n else table)
-    dropped = {task.reason: n - kept} if n - kept else {}
-    return _entry(n, kept, dropped, start)
+    drop = np.asarray(task.drop if task.drop is not None else [], np.int64)
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as fh:
+            np.save(fh, drop)
+
+    _write_atomic(task.output, write)
+    n = task.options["in"]
+    dropped = {task.reason: len(drop)} if len(drop) else {}
+    return _entry(n, n - len(drop), dropped, start)
+
+
+def _surviving(table, drop: np.ndarray | None):
+    """`table` without the rows `drop` (sorted rows dropped by earlier stages)."""
+    if drop is None or not len(drop):
+        return table
+    keep = np.ones(table.num_rows, bool)
+    keep[drop] = False
+    return table.filter(keep)
 
 
 def minhash_shard(task: ShardTask) -> dict:
-    """Writes the MinHash signatures of the shard's documents (`.npz`: `sig`, `has`)."""
+    """Writes the MinHash signatures of the shard's surviving documents (`.npz`: `sig`,
+    `has`, and `rows`: each signature's row in the normalised file)."""
     start = time.perf_counter()
-    texts = read_table(task.inputs[0], ["text"])["text"]
+    table = read_arrow(task.inputs[0], ["text"])
+    rows = np.arange(table.num_rows, dtype=np.int64)
+    if task.drop is not None and len(task.drop):
+        rows = np.delete(rows, task.drop)
+        table = table.take(rows)
+    texts = table.column("text").to_pylist()
     sig, has = minhash_signatures(
         texts,
         num_perm=task.options["num_perm"],
@@ -198,7 +221,7 @@ def minhash_shard(task: ShardTask) -> dict:
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as fh:
-            np.savez(fh, sig=sig, has=has)
+            np.savez(fh, sig=sig, has=has, rows=rows)
 
     _write_atomic(task.output, write)
     no_shingles = int((~has).sum())
@@ -209,7 +232,7 @@ def quality_shard(task: ShardTask) -> dict:
     """Applies the quality rules (vectorised over the shard); writes the survivors to
     `documents/`."""
     start = time.perf_counter()
-    table = read_arrow(task.inputs[0])
+    table = _surviving(read_arrow(task.inputs[0], ["id", "text", "meta"]), task.drop)
     reasons = quality_reasons(table.column("text"), task.quality)
     keep = np.asarray([r is None for r in reasons], bool)
     dropped = collections.Counter(r for r in reasons if r is not None)
@@ -218,6 +241,5 @@ def quality_shard(task: ShardTask) -> dict:
         ids = table.column("id").to_pylist()
         for i in np.flatnonzero(~keep).tolist():
             note(examples, reasons[i], ids[i])
-    out = table.select(["id", "text", "meta"])
-    write_arrow(task.output, out.filter(keep) if len(dropped) else out, _FINAL)
+    write_arrow(task.output, table.filter(keep) if len(dropped) else table, _FINAL)
     return _entry(table.num_rows, int(keep.sum()), dropped, start, examples=examples)
