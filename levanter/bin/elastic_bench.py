@@ -4,7 +4,10 @@ Runs the smoke model (`configs/default.py:smoke`) on `--slices` slice processes 
 LocalCluster, `mesh.min_slices = slices - 1`), SIGKILLs slice 1 (pid from status.json) once
 `--kill_at` steps are logged, and lets the replacement rejoin. Prints one JSON object:
 
-    elastic_shrink_s: the kill -> the first step completed on fewer slices (goal: <= 20 s);
+    elastic_shrink_s: the kill -> the first step completed on fewer slices (goal: <= 20 s),
+        with the launcher's warm standby pool (one spare process per slice, imports done);
+    elastic_shrink_cold_s, shrink_speedup: the same without the pool (every process of the
+        new gang starts cold), measured in the same run (skip it with --no_cold);
     elastic_grow_s: the replacement up -> the first step completed on all slices again;
     reference_start_s: launch -> the first step of the first gang (a cold start, compiling);
     steps_once, hashes_equal: every step logged once, and the same `data/batch_hash` as an
@@ -69,12 +72,12 @@ def _watch(run_dir, until, action):
     threading.Thread(target=loop, daemon=True).start()
 
 
-def _elastic_run(root: pathlib.Path, args) -> dict:
+def _elastic_run(root: pathlib.Path, args, standby: bool = True) -> dict:
     from meltemi import fray
     from meltemi.levanter.multislice import read_status
     from meltemi.levanter.trainer import launch_multislice
 
-    run_dir = root / "elastic"
+    run_dir = root / ("elastic" if standby else "elastic-cold")
     times: dict[str, float] = {}
     start = time.monotonic()
 
@@ -101,6 +104,7 @@ def _elastic_run(root: pathlib.Path, args) -> dict:
             _config(run_dir, root / "cache", args, args.slices, args.slices - 1),
             cluster=cluster,
             on_start=on_start,
+            standby=standby,
         )
     events = read_status(run_dir)["events"]
     rejoined = next((e["time"] for e in events if e["kind"] == "rejoining"), None)
@@ -117,15 +121,16 @@ def _elastic_run(root: pathlib.Path, args) -> dict:
 
 
 def _warm(root: pathlib.Path, args) -> None:
-    """Runs one step at every size from slices-1 to slices, filling the compilation cache."""
+    """Runs the job at every size from slices-1 to slices, filling the compilation cache
+    (the same `--steps`: the step's program depends on the schedule's length)."""
     from meltemi import fray
     from meltemi.levanter.trainer import launch_multislice
 
     for n in (args.slices - 1, args.slices):
         run_dir = root / f"warm-{n}"
-        one = argparse.Namespace(**{**vars(args), "steps": 2})
         with fray.LocalCluster(heartbeat_timeout_s=600.0) as cluster:
-            launch_multislice(_config(run_dir, root / "cache", one, n, n), cluster=cluster)
+            launch_multislice(_config(run_dir, root / "cache", args, n, n), cluster=cluster,
+                              standby=False)  # fmt: skip
 
 
 def _reference_hashes(root: pathlib.Path, args) -> list[int]:
@@ -144,9 +149,11 @@ def _reference_hashes(root: pathlib.Path, args) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slices", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=8)
+    # Enough steps on the smaller gang for the replacement (a cold process) to come and join.
+    parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--kill_at", type=int, default=2)
     parser.add_argument("--warm", action="store_true", help="fill the compile cache first")
+    parser.add_argument("--no_cold", action="store_true", help="skip the run without standbys")
     parser.add_argument("--compile_cache", default="", help="default: <dir>/compile_cache")
     parser.add_argument("--dir", default="", help="work directory (default: a temp dir)")
     parser.add_argument("--out", default="", help="also write the JSON here")
@@ -163,13 +170,30 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = cache
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.slices}"
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    load_at_start = os.getloadavg()[0]
     if args.warm:
         _warm(root, args)
     reference = _reference_hashes(root, args)
     result = _elastic_run(root, args)
     records = result.pop("records")
+    cold = {}
+    if not args.no_cold:
+        cold = _elastic_run(root, args, standby=False)
+        cold_records = cold.pop("records")
+        cold = {
+            "elastic_shrink_cold_s": cold["elastic_shrink_s"],
+            "elastic_grow_cold_s": cold["elastic_grow_s"],
+            "shrink_speedup": (
+                cold["elastic_shrink_s"] / result["elastic_shrink_s"]
+                if cold["elastic_shrink_s"] and result["elastic_shrink_s"]
+                else None
+            ),  # fmt: skip
+            "cold_hashes_equal": [r["data/batch_hash"] for r in cold_records] == reference,
+        }
     out = {
         **result,
+        **cold,
+        "load_avg_1m": [load_at_start, os.getloadavg()[0]],  # at the start and the end
         "slices": args.slices,
         "min_slices": args.slices - 1,
         "warm_compile_cache": args.warm,

@@ -1,8 +1,9 @@
 """Elastic multislice: 3 slice processes (fray LocalCluster) lose one and keep training.
 
 A slice process is killed (SIGKILL, its pid read from status.json) or preempted (SIGTERM:
-it saves first) mid-run: the job shrinks to 2 slices (timed) without restarting from step
-0, the replacement rejoins and the run ends on 3 slices. Every step 1..N is logged once,
+it saves first) mid-run: the job shrinks to 2 slices (timed; the survivors' warm standby
+processes take their places) without restarting from step 0, the replacement rejoins and
+the run ends on 3 slices. Every step 1..N is logged once,
 with the `data/batch_hash` and (to 1e-5) the loss of an uninterrupted 3-slice run of the
 same layout in this process. Losing more slices than `mesh.min_slices` allows stops the job
 with exit status 75, and starting it again resumes. One job per test (one test per shard).
@@ -10,7 +11,9 @@ with exit status 75, and starting it again resumes. One job per test (one test p
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=3")
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=3"
+)
 
 import json  # noqa: E402
 import signal  # noqa: E402
@@ -31,10 +34,16 @@ from meltemi.levanter.trainer import Trainer, build_parts, launch_multislice  # 
 
 STEPS = 8
 INTERRUPT_AT = 2
-# The issue's goal is 30 s (20 s in //levanter:elastic_bench) on an idle 2-core machine; a
-# re-form compiles for the new slice count, so under CI's parallel load it takes longer. The
-# test bounds it loosely (a hang or a restart from scratch still fails) and prints the figure.
-SHRINK_WITHIN_S = float(os.environ.get("MELTEMI_ELASTIC_SHRINK_S", "240"))
+
+
+def _shrink_bound(load: float) -> float:
+    """The issue's bound, kill -> a step on fewer slices within 30 s, when the machine was
+    idle enough at the kill (1-minute load at most one per core; a re-form here compiles for
+    the new slice count). Under heavier load (tests in parallel) the bound is loose, so a
+    hang or a restart from step 0 still fails. `MELTEMI_ELASTIC_SHRINK_S` overrides both."""
+    if "MELTEMI_ELASTIC_SHRINK_S" in os.environ:
+        return float(os.environ["MELTEMI_ELASTIC_SHRINK_S"])
+    return 30.0 if load <= (os.cpu_count() or 1) else 240.0
 
 
 def _resolved(run_dir, cache, slices=3, min_slices=2):
@@ -89,19 +98,45 @@ def _watch(run_dir, until, action, timeout=300.0):
     return thread
 
 
+def _hold_until(run_dir, pid, ready, timeout=60.0):
+    """Pauses process `pid` (SIGSTOP: its gang waits in the next collective) until
+    `ready(status)` holds, so that an 8-step run is long enough for a cold replacement.
+    (Well under jax.distributed's 100 s heartbeat timeout, after which the others abort.)"""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not ready(read_status(run_dir)):
+            time.sleep(0.05)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 def _interrupt_one_slice(run_dir, signum, events):
     """At step INTERRUPT_AT, sends `signum` to slice 1 (pid from status.json) and times how
-    long until a step completes on 2 slices."""
+    long until a step completes on 2 slices; then holds the 2-slice gang until the
+    replacement and the survivors' new standbys are up, so that it grows back."""
 
     def shrunk(records):
         return any(r.get("mesh/num_slices") == 2 for r in records)
 
+    def grow_ready(status):
+        rows = status["slices"]
+        return rows[1]["state"] == "rejoining" and rows[0]["standby_pid"] and rows[2]["standby_pid"]
+
+    def on_shrunk(records):
+        events["shrink_s"] = time.monotonic() - events["killed_at"]
+        status = read_status(run_dir)
+        events["pids_after"] = [s["pid"] for s in status["slices"]]
+        _hold_until(run_dir, status["slices"][0]["pid"], grow_ready)
+
     def interrupt(records):
-        pid = next(s["pid"] for s in read_status(run_dir)["slices"] if s["index"] == 1)
-        os.kill(pid, signum)
+        status = read_status(run_dir)
+        events["standby_before"] = [s["standby_pid"] for s in status["slices"]]
+        events["load"] = os.getloadavg()[0]
+        events["killed_at"] = time.monotonic()
+        os.kill(status["slices"][1]["pid"], signum)
         events["at_step"] = records[-1]["step"]
-        start = time.monotonic()
-        _watch(run_dir, shrunk, lambda r: events.update(shrink_s=time.monotonic() - start))
+        _watch(run_dir, shrunk, on_shrunk)
 
     def on_start(cluster, handles, generation):
         if generation == 0:
@@ -132,10 +167,15 @@ def _check_run(run_dir, reference_records, events):
     assert status["slices"][1]["restarts"] == 1, status["slices"]
     kinds = [e["kind"] for e in status["events"]]
     assert "shrink" in kinds and "rejoining" in kinds and "grow" in kinds, kinds
+    # The survivors' places went to their warm standby processes (started with the first gang).
+    before, after = events["standby_before"], events["pids_after"]
+    assert before[0] and before[2] and [after[0], after[2]] == [before[0], before[2]], events
     # The goal of the issue: kill -> a step on fewer slices within 30 s (checked last, so a
     # slow machine reports every other property first).
-    print(f"elastic shrink: kill -> first step on fewer slices in {events['shrink_s']:.1f} s")
-    assert events["shrink_s"] <= SHRINK_WITHIN_S, events
+    bound = _shrink_bound(events["load"])
+    print(f"elastic shrink: kill -> first step on fewer slices in {events['shrink_s']:.1f} s "
+          f"(bound {bound:g} s, load {events['load']:.1f})")  # fmt: skip
+    assert events["shrink_s"] <= bound, events
     return status
 
 

@@ -3,7 +3,9 @@ status file and its table (`//levanter:status`)."""
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=6")
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=6"
+)
 
 import hashlib  # noqa: E402
 import json  # noqa: E402
@@ -94,7 +96,7 @@ def _status(tmp_path):
     job = JobStatus("running", target_slices=3, min_slices=2, num_slices=2, step=7,
                     generation=2, launcher_pid=11)  # fmt: skip
     job.slices = [
-        SliceStatus(0, "running", pid=101, started_at=1000.0, peak_rss_mb=512.4),
+        SliceStatus(0, "running", pid=101, started_at=1000.0, peak_rss_mb=512.4, standby_pid=201),
         SliceStatus(
             1, "lost", pid=102, restarts=1, last_exit="SIGKILL", started_at=1000.0, ended_at=1042.0
         ),  # fmt: skip
@@ -114,10 +116,11 @@ def test_the_status_file_round_trips_and_prints_one_row_per_slice(tmp_path):
     lines = format_status(raw).splitlines()
     assert lines[0].startswith("job running: 2/3 slices (min 2), step 7, gang #2")
     assert lines[1].split() == ["index", "state", "pid", "restarts", "last_exit", "started",
-                                "duration", "peak_mb"]  # fmt: skip
+                                "duration", "peak_mb", "standby"]  # fmt: skip
     row = lines[3].split()
     assert row[:5] == ["1", "lost", "102", "1", "SIGKILL"] and row[6] == "42s"
-    assert lines[2].split()[-1] == "512"
+    assert row[-1] == "-"  # no spare process for a lost slice
+    assert lines[2].split()[-2:] == ["512", "201"]
     assert lines[-1].endswith("shrink: slice(s) [1] lost")
 
 

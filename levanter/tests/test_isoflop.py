@@ -77,6 +77,20 @@ def test_verify_writes_the_sweep_the_fit_the_prediction_and_its_check(verified):
     assert verification["inside_interval"] == (lo <= actual <= hi)
 
 
+def test_the_sweeps_workers_train_the_verification_run(verified):
+    # Workers are kept between the sweep and the verification run (imports and compiled
+    # programs warm): the verification run's process is one of the sweep's.
+    run_dir, _, _ = verified
+    sweep_pids = {
+        json.loads((pathlib.Path(r["run_dir"]) / "result.json").read_text())["pid"]
+        for r in json.loads((run_dir / "isoflop.json").read_text())["runs"]
+    }
+    verification = json.loads((run_dir / "verification.json").read_text())
+    result = json.loads((pathlib.Path(verification["run"]["run_dir"]) / "result.json").read_text())
+    assert result["pid"] in sweep_pids
+    assert result["cpu_s"] > 0
+
+
 def test_a_rerun_skips_every_finished_run(verified):
     run_dir, root, _ = verified
     results = sorted((run_dir / "runs").glob("*/result.json"))

@@ -13,6 +13,7 @@ Layout of `run_dir` (the config's `run_dir`, default `runs/<name>`):
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -21,7 +22,7 @@ import os
 import pathlib
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from meltemi.levanter.config import ResolvedConfig, resolve, resolve_run_dir
@@ -38,7 +39,7 @@ from meltemi.levanter.experiments._fit import (
 )
 from meltemi.levanter.experiments._ladder import Ladder, RunPlan, config_digest
 from meltemi.levanter.experiments._plot import plot_batch, plot_isoflop
-from meltemi.levanter.experiments._runner import make_cluster, read_result, run_all
+from meltemi.levanter.experiments._runner import WorkerPool, make_cluster, read_result, run_all
 from meltemi.levanter.experiments._spec import (
     SweepConfigError,
     SweepRunError,
@@ -93,12 +94,35 @@ class Experiment:
         self.cluster_kind = cluster
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.timing: dict[str, float] = {}
+        self._pool: WorkerPool | None = None
 
     # -- running ------------------------------------------------------------------------------
 
     def run_dir_of(self, run: RunPlan) -> pathlib.Path:
         """Where a run's trainer run dir is."""
         return self.run_dir / "runs" / run.name
+
+    def _new_pool(self) -> WorkerPool:
+        # Compiled programs persist: a resumed run or a rerun does not compile again (the
+        # lr schedule is a constant of the step, so runs with other step counts differ).
+        cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(self.run_dir / "jax_cache")
+        env = {"JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": cache}
+        return WorkerPool(make_cluster(self.cluster_kind, env))
+
+    @contextlib.contextmanager
+    def workers(self) -> Iterator[None]:
+        """Keeps the workers alive across `execute` calls (the sweep, then its verification),
+        so that their imports and compiled programs stay warm."""
+        if self._pool is not None:
+            yield
+            return
+        self._pool = None if self.cluster_kind == "inprocess" else self._new_pool()
+        try:
+            yield
+        finally:
+            pool, self._pool = self._pool, None
+            if pool is not None:
+                pool.shutdown()
 
     def execute(self, runs: Sequence[RunPlan]) -> list[dict[str, Any]]:
         """Trains every run not finished yet (resuming killed ones); returns every record."""
@@ -133,16 +157,12 @@ class Experiment:
         if jobs:
             # The token stores are built once here: the workers only open them.
             self._timed("data_s", lambda: build_parts(resolve(configs[jobs[0][0].name])))
-            # Compiled programs persist: a resumed run or a rerun does not compile again (the
-            # lr schedule is a constant of the step, so runs with other step counts differ).
-            cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(self.run_dir / "jax_cache")
-            env = {"JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": cache}
-            cluster = make_cluster(self.cluster_kind, env)
+            pool = self._pool or self._new_pool()
             try:
                 done.update(
                     run_all(
                         [(r.name, text, digest) for r, text, digest in jobs],
-                        cluster,
+                        pool,
                         parallel=min(self.sweep.parallel, len(jobs)),
                         on_done=on_done,
                     )
@@ -150,7 +170,8 @@ class Experiment:
             except RuntimeError as e:
                 raise SweepRunError(str(e)) from None
             finally:
-                cluster.shutdown()
+                if pool is not self._pool:
+                    pool.shutdown()
         return [self._record(run, done[run.name]) for run in runs]
 
     def _metric(self, record: Mapping[str, Any]) -> float:
@@ -338,10 +359,11 @@ class Experiment:
         """The whole experiment: sweep, fit, prediction, verification run; writes the JSONs."""
         start = time.perf_counter()
         budget = budget or self.sweep.predict_factor * max(self.sweep.budgets)
-        prediction = self.predict(budget)
-        model = prediction["model"]
-        run = self.ladder.plan("verify", budget, self.ladder.shape(model["shape"]["width"]))
-        record = self._timed("verify_s", lambda: self.execute([run])[0])
+        with self.workers():  # the sweep's workers train the verification run
+            prediction = self.predict(budget)
+            model = prediction["model"]
+            run = self.ladder.plan("verify", budget, self.ladder.shape(model["shape"]["width"]))
+            record = self._timed("verify_s", lambda: self.execute([run])[0])
         actual = record[self.sweep.metric]
         lo, hi = model["interval"]
         result = {

@@ -275,9 +275,11 @@ class Ladder:
                 "trainer.train_batch_size": run.batch_size,
                 "trainer.batch_schedule": "",
                 "trainer.progress_bar": False,
+                # Only the final eval counts for the fit; the final checkpoint is always saved,
+                # and a coarse rolling one lets a killed run resume.
                 "eval.every_steps": 0,
                 "checkpoint.save_every_steps": 0,
-                "checkpoint.save_every_minutes": 1.0,
+                "checkpoint.save_every_minutes": 3.0,
             }
         )
         values.update(dict(overrides))

@@ -4,7 +4,9 @@ A run is the ordinary trainer (`meltemi.levanter.trainer.train`) in its own run 
 When it finishes, the worker writes `result.json` there (atomically) with the run's config
 digest; a rerun of the sweep skips every run whose `result.json` matches its config, and a
 run without one (killed, preempted) is started again, which resumes from its newest
-checkpoint. A worker process that dies is replaced and its run tried once more.
+checkpoint. A worker process that dies is replaced and its run tried once more. Workers
+outlive one `run_all` when given a `WorkerPool` (the sweep's workers then train the
+verification run, imports and compiled programs warm).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class SweepWorker:
     def run(self, config_json: str, digest: str) -> dict[str, Any]:
         """Trains (or resumes) the run, writes its `result.json`, returns the record."""
         resolved = ResolvedConfig.from_json(config_json)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         spec = resolve(resolved)
         # build_store locks a store even to find it up to date, and refuses a second caller
         # instead of waiting: the workers of one sweep open the stores one at a time.
@@ -72,6 +74,9 @@ class SweepWorker:
             "eval": result.eval,
             "final_train_loss": result.losses[max(result.losses)] if result.losses else None,
             "seconds": time.perf_counter() - start,
+            # CPU seconds of the worker process (every thread): on a busy machine, a better
+            # guide than `seconds` to what the run costs on an idle one.
+            "cpu_s": time.process_time() - cpu,
             "compile_s": result.compile_s,
             "tokens_per_s": result.tokens_per_s,
             "pid": os.getpid(),
@@ -98,9 +103,40 @@ def make_cluster(kind: str, env: dict[str, str] | None = None) -> fray.Cluster:
     raise ValueError(f"--cluster={kind!r}: one of local, ray, inprocess")
 
 
+class WorkerPool:
+    """`SweepWorker` actors of one cluster, kept alive between calls of `run_all`.
+
+    Args:
+        cluster: where the workers live; `shutdown()` shuts it down.
+    """
+
+    def __init__(self, cluster: fray.Cluster):
+        self.cluster = cluster
+        self._idle: list[fray.ActorHandle] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> fray.ActorHandle:
+        """An idle worker, else a new one."""
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return self.cluster.spawn(SweepWorker, name=f"isoflop-worker-{time.monotonic_ns()}")
+
+    def give(self, handle: fray.ActorHandle) -> None:
+        """Returns a live worker for the next call."""
+        with self._lock:
+            self._idle.append(handle)
+
+    def shutdown(self) -> None:
+        """Stops every worker and the cluster."""
+        with self._lock:
+            self._idle.clear()
+        self.cluster.shutdown()
+
+
 def run_all(
     jobs: Sequence[tuple[str, str, str]],
-    cluster: fray.Cluster,
+    cluster: fray.Cluster | WorkerPool,
     *,
     parallel: int,
     on_done: Callable[[str, dict[str, Any]], None] | None = None,
@@ -110,7 +146,8 @@ def run_all(
 
     Args:
         jobs: the runs to train, largest first is best (they start in this order).
-        cluster: where the workers live.
+        cluster: where the workers live; a `WorkerPool` lends its workers and keeps them
+            (a bare cluster's workers are stopped at the end).
         parallel: workers (processes) at once.
         on_done: called with `(name, record)` as each run finishes.
         retries: extra attempts for a run whose worker died (the run resumes).
@@ -118,6 +155,8 @@ def run_all(
     Raises:
         RuntimeError: a run failed (its error and which run), after the others finished.
     """
+    pool = cluster if isinstance(cluster, WorkerPool) else None
+    cluster = pool.cluster if pool is not None else cluster
     if isinstance(cluster, fray.InProcessCluster):
         # Threads of one process share orbax's event loop and signal threads, and a failed
         # save releases them process-wide: concurrent in-process runs would break each other's
@@ -131,6 +170,8 @@ def run_all(
     lock = threading.Lock()
 
     def spawn(rank: int) -> fray.ActorHandle:
+        if pool is not None:
+            return pool.take()
         return cluster.spawn(SweepWorker, name=f"isoflop-worker-{rank}-{time.monotonic_ns()}")
 
     def work(rank: int) -> None:
@@ -163,7 +204,10 @@ def run_all(
             if on_done is not None:
                 on_done(name, record)
         if handle is not None:
-            cluster.kill(handle)
+            if pool is not None:
+                pool.give(handle)
+            else:
+                cluster.kill(handle)
 
     threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(parallel)]
     for t in threads:

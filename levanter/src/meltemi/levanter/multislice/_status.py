@@ -35,6 +35,7 @@ class SliceStatus:
     ended_at: float | None = None
     peak_rss_mb: float | None = None
     reason: str = ""
+    standby_pid: int | None = None  # its warm spare process, if one is ready
 
     def duration_s(self, now: float | None = None) -> float | None:
         if self.started_at is None:
@@ -113,7 +114,8 @@ def format_status(status: dict[str, Any]) -> str:
     )
     if status.get("reason"):
         head += f" - {status['reason']}"
-    cols = ("index", "state", "pid", "restarts", "last_exit", "started", "duration", "peak_mb")
+    cols = ("index", "state", "pid", "restarts", "last_exit", "started", "duration", "peak_mb",
+            "standby")  # fmt: skip
     rows = []
     for s in status["slices"]:
         start = started[s["index"]]
@@ -126,6 +128,7 @@ def format_status(status: dict[str, Any]) -> str:
             time.strftime("%H:%M:%S", time.localtime(start)) if start else "-",
             _age(s.get("duration_s")),
             f"{s['peak_rss_mb']:.0f}" if s.get("peak_rss_mb") else "-",
+            str(s.get("standby_pid") or "-"),
         ))  # fmt: skip
     widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c)
               for i, c in enumerate(cols)]  # fmt: skip

@@ -12,7 +12,8 @@ The job (`mesh.num_slices` is the target, `mesh.min_slices` the floor):
 * a slice process dies (or is preempted: SIGTERM, it saves first): the other slices are
   stopped and the gang re-forms at once on the live slices (>= `min_slices`) from the newest
   intact checkpoint; `jax.distributed` cannot change its process count in place, so a new
-  gang is a new set of processes;
+  gang is a new set of processes: each slice's warm standby (a spare process started ahead
+  of time, imports done) takes its place, and the pool refills once the new gang is up;
 * the lost slice is retried with backoff; when its replacement is up, the running gang stops
   at the next step boundary (saving a checkpoint there) and re-forms at the larger size;
 * fewer live slices than `min_slices` and no replacement within the retry budget: the job
@@ -31,6 +32,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -41,6 +43,7 @@ from typing import Any
 import jax
 
 from meltemi import fray
+from meltemi.levanter.checkpoint import read_manifest, step_dir
 from meltemi.levanter.config import ResolvedConfig, RunSpec, as_spec
 from meltemi.levanter.multislice import JobStatus, SliceStatus
 from meltemi.levanter.trainer._preemption import PREEMPTED_EXIT_CODE
@@ -65,6 +68,7 @@ def launch_multislice(
     on_start: Callable[[fray.Cluster, list, int], None] | None = None,
     available: Callable[[int, int], bool] | None = None,
     backoff_s: float = 0.5,
+    standby: bool = True,
 ) -> int:
     """Runs the job on up to `mesh.num_slices` slice processes; returns the exit status.
 
@@ -77,11 +81,13 @@ def launch_multislice(
         available: called with `(slice_index, attempt)` before a replacement is started;
             False means "no capacity for it now" (tests simulate a slice that stays away).
         backoff_s: wait before the first replacement attempt (doubling, at most 30 s).
+        standby: keep one warm spare process per live slice (imports done, waiting for its
+            assignment), so a re-form starts no cold process for the survivors.
     """
     spec = as_spec(spec)
     owned = cluster is None
     cluster = cluster or fray.LocalCluster(heartbeat_timeout_s=600.0)
-    job = _ElasticJob(spec, cluster, max_restarts, available, backoff_s)
+    job = _ElasticJob(spec, cluster, max_restarts, available, backoff_s, standby)
     try:
         with _forward_sigterm(job):
             return job.run(on_start)
@@ -130,6 +136,9 @@ def _vm_hwm_mb(pid: int | None) -> float | None:
     return None
 
 
+_STEP_NAME = re.compile(r"step_\d{8}")
+
+
 def _last_step(path) -> int:
     """The newest step in metrics.jsonl (reads only the file's tail)."""
     try:
@@ -145,10 +154,21 @@ def _last_step(path) -> int:
     return 0
 
 
+def _resume_step(run_dir) -> int:
+    """The step a new gang resumes from: the newest complete checkpoint's (0 if none)."""
+    root = run_dir / "checkpoints"
+    with contextlib.suppress(OSError):
+        names = [p.name for p in root.iterdir()]
+        for step in sorted((int(n[5:]) for n in names if _STEP_NAME.fullmatch(n)), reverse=True):
+            if read_manifest(step_dir(root, step)):
+                return step
+    return 0
+
+
 class _ElasticJob:
     """The launcher's state machine (see the module docstring and docs/design/levanter.md)."""
 
-    def __init__(self, spec, cluster, max_restarts, available, backoff_s):
+    def __init__(self, spec, cluster, max_restarts, available, backoff_s, standby):
         self.spec = spec
         self.cluster = cluster
         self.target = spec.mesh.num_slices
@@ -163,8 +183,15 @@ class _ElasticJob:
         self.slices = [SliceStatus(i) for i in range(self.target)]
         self.handles: dict[int, Any] = {}  # slice -> its actor (warm or in the gang)
         self.fresh: set[int] = set()  # actors that have not run a gang yet
+        self.fill_threads: list[threading.Thread] = []
         self.retrying: dict[int, threading.Thread] = {}
         self.gang: list[int] = []
+        # The warm standby pool: per slice, a spare process started ahead of time on that
+        # slice's host (imports done), which takes the slice's place in the next gang.
+        self.use_standby = standby
+        self.standby: dict[int, Any] = {}
+        self.filling: set[int] = set()
+        self.serial = 0
         self.status = JobStatus(
             "starting", self.target, self.min_slices, launcher_pid=os.getpid(),
             slices=self.slices,
@@ -221,12 +248,13 @@ class _ElasticJob:
     def close(self) -> None:
         self.closed.set()
         with self.lock:
-            handles = list(self.handles.values())
+            handles = list(self.handles.values()) + list(self.standby.values())
             self.handles.clear()
+            self.standby.clear()
         for h in handles:
             with contextlib.suppress(Exception):
                 self.cluster.kill(h)
-        for t in list(self.retrying.values()):
+        for t in list(self.retrying.values()) + list(self.fill_threads):
             t.join(timeout=5)
 
     # -- slices --------------------------------------------------------------------------------
@@ -238,11 +266,81 @@ class _ElasticJob:
             self.cluster.kill(name)  # an old incarnation still registered under the name
         handle = self.cluster.spawn(SliceWorker, name=name)
         pid = handle.info()["pid"]
+        self._enlist(index, handle, pid)
+
+    def _enlist(self, index: int, handle, pid: int) -> None:
+        """Makes `handle` slice `index`'s process for the next gang."""
         with self.lock:
             self.handles[index] = handle
             self.fresh.add(index)
             s = self.slices[index]
             s.pid, s.started_at, s.ended_at = pid, time.time(), None
+
+    # -- the warm standby pool ------------------------------------------------------------------
+
+    def _fill_standby(self, indices: list[int]) -> None:
+        """Starts a spare process for each of `indices` that has none (in the background)."""
+        if not self.use_standby:
+            return
+        with self.lock:
+            todo = [i for i in indices if i not in self.standby and i not in self.filling
+                    and self.slices[i].state in ("running", "rejoining")]  # fmt: skip
+            self.filling.update(todo)
+            threads = [threading.Thread(target=self._start_standby, args=(i,), daemon=True,
+                                        name=f"multislice-standby-{i}") for i in todo]  # fmt: skip
+            self.fill_threads = [t for t in self.fill_threads if t.is_alive()] + threads
+        for t in threads:
+            t.start()
+
+    def _start_standby(self, index: int) -> None:
+        with self.lock:
+            self.serial += 1
+            name = f"slice-{index}-standby-{self.serial}"
+        handle = None
+        try:
+            handle = self.cluster.spawn(SliceWorker, name=name)
+            pid = handle.info()["pid"]
+        except Exception as e:  # no spare then: the next re-form starts a cold process
+            if not self.closed.is_set():
+                logger.warning("slice %d: standby process did not start: %s", index, e)
+            keep = False
+        else:
+            with self.lock:
+                keep = (not self.closed.is_set() and index not in self.standby
+                        and self.slices[index].state in ("running", "rejoining"))  # fmt: skip
+                if keep:
+                    self.standby[index] = handle
+                    self.slices[index].standby_pid = pid
+        finally:
+            with self.lock:
+                self.filling.discard(index)
+        if keep:
+            self.write_status()
+        elif handle is not None:
+            with contextlib.suppress(Exception):
+                self.cluster.kill(handle)
+
+    def _take_standby(self, index: int) -> bool:
+        """Promotes slice `index`'s spare (if it has one) to its process for the next gang."""
+        with self.lock:
+            handle = self.standby.pop(index, None)
+            pid, self.slices[index].standby_pid = self.slices[index].standby_pid, None
+        if handle is None:
+            return False
+        if not _alive(pid):  # it died while standing by
+            with contextlib.suppress(Exception):
+                self.cluster.kill(handle)
+            return False
+        self._enlist(index, handle, pid)
+        return True
+
+    def _drop_standby(self, index: int) -> None:
+        with self.lock:
+            handle = self.standby.pop(index, None)
+            self.slices[index].standby_pid = None
+        if handle is not None:
+            with contextlib.suppress(Exception):
+                self.cluster.kill(handle)
 
     def _retire(self, index: int) -> None:
         """Stops slice `index`'s process (it is lost or its gang is over)."""
@@ -266,6 +364,7 @@ class _ElasticJob:
             s.state, s.reason, s.last_exit = "lost", why, last_exit
             s.restarts += 1
         self._retire(index)
+        self._drop_standby(index)  # it stood by on the same host, which is gone
         self.log("lost", f"slice {index} {why}")
         t = threading.Thread(target=self._replace, args=(index,), daemon=True,
                              name=f"multislice-replace-{index}")  # fmt: skip
@@ -330,6 +429,9 @@ class _ElasticJob:
                              f"from step {_last_step(self.metrics)} ({reason})")  # fmt: skip
             outcome, reason = self._run_gang(gang, on_start)
             if outcome is not None:
+                for s in self.slices:
+                    self._drop_standby(s.index)
+                self.write_status()
                 return outcome
 
     def _wait_for_floor(self) -> list[int] | None:
@@ -370,12 +472,17 @@ class _ElasticJob:
         return PREEMPTED_EXIT_CODE
 
     def _form(self, live: list[int]) -> list[int] | None:
-        """Fresh processes for the slices of the next gang (a warm replacement is reused)."""
+        """Fresh processes for the slices of the next gang: a warm replacement or a standby
+        where there is one, else a cold start."""
         with self.lock:
             need = [i for i in live if i not in self.fresh]
         for i in need:
             self._retire(i)
+        need = [i for i in need if not self._take_standby(i)]
         self.write_status("reforming" if self.status.generation else "starting")
+        if not self.status.generation:
+            # The first gang's spares start beside it, so that the first loss finds them.
+            self._fill_standby(live)
         failed = []
         with concurrent.futures.ThreadPoolExecutor(max(1, len(need))) as pool:
             futures = {pool.submit(self._spawn, i): i for i in need}
@@ -384,6 +491,9 @@ class _ElasticJob:
                     fut.result()
                 except fray.FrayError as e:
                     failed.append((i, e))
+        if not self.status.generation:
+            for t in list(self.fill_threads):
+                t.join()
         for i, e in failed:
             self.lose(i, f"did not start: {e}", _describe(e))
         if failed:
@@ -411,8 +521,11 @@ class _ElasticJob:
         self.write_status("running", "")
         if on_start is not None:
             on_start(self.cluster, handles, self.status.generation - 1)
-        start_step = _last_step(self.metrics)
+        # Its first step is the one after the checkpoint it resumes from (metrics.jsonl may
+        # hold later steps, which the gang trains again and rewrites).
+        start_step = min(_last_step(self.metrics), _resume_step(self.spec.run_dir))
         resize_sent = term_sent = 0.0
+        refilled = False
         results: dict[int, dict] = {}
         while True:
             died = []
@@ -439,9 +552,15 @@ class _ElasticJob:
                 # starts, and one signal might fall before that.
                 self._signal_gang(signal.SIGTERM)
                 term_sent = now
+            progressed = refilled or _last_step(self.metrics) > start_step
+            if progressed and not refilled:  # the gang is up: spares for the next re-form
+                self._fill_standby(gang)
+                refilled = True
             joining = [s.index for s in self.slices if s.state == "rejoining"]
+            with self.lock:  # growing can wait for the spares: the gang trains meanwhile
+                spares_coming = bool(self.filling.intersection(gang))
             if joining and not self.terminated.is_set() and now - resize_sent > 1.0:
-                if _last_step(self.metrics) > start_step:
+                if progressed and not spares_coming:
                     if not resize_sent:
                         self.log("grow", f"slice(s) {joining} ready: the gang stops at the "
                                          "next step boundary to re-form")  # fmt: skip
