@@ -5,10 +5,15 @@ hidden 256 (4 layers, 4 query / 2 KV heads of 32, MLP 256, vocab 1024); `WIDER` 
 64, MLP 768: 2.3x the weights) is measured too. It is saved and read with `hf.load`, so both
 sides hold the same weights.
 Greedy, prompts of 16 tokens, 128 new tokens (no eos), batch 1 and 8. Each side is warmed up
-with a call of the same shape, then the two alternate (so a burst of load on the shared
-machine hits both) and the best of `--repeats` calls counts. `transformers` runs at its
-default thread count and at one thread, and the faster counts (on a loaded 2-core machine
-one thread is often faster). The greedy tokens of both sides are compared too.
+with a call of the same shape. A single timing on the shared 2-core VM swings by 2x with the
+other jobs' load, so the estimate is paired: each of `--repeats` rounds times our call and
+`transformers`' call back to back (the order alternating between rounds, so a burst of load
+hits both), and `generate_vs_transformers_bs*` is the median over rounds of that round's
+tokens/s ratio (with its interquartile range, `*_iqr`); the tokens/s figures are medians and
+`*_best_of` is the ratio of the two sides' best calls. `transformers` runs at whichever of its
+default thread count and one thread was faster in two warm-up calls each (on a loaded 2-core
+machine one thread usually wins; `transformers_threads_bs*`). The greedy tokens of both sides
+are compared too.
 
     python models/benchmarks/generate_bench.py [--quick]
 """
@@ -16,7 +21,9 @@ one thread is often faster). The greedy tokens of both sides are compared too.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import tempfile
 import time
 
@@ -42,6 +49,11 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    q1, q2, q3 = np.percentile(values, [25, 50, 75])
+    return float(q1), float(q2), float(q3)
+
+
 def measure(quick: bool = False, repeats: int | None = None, **overrides) -> dict:
     """Tokens/s of `meltemi.models.generate` and `transformers` at batch 1 and 8."""
     import torch
@@ -51,7 +63,7 @@ def measure(quick: bool = False, repeats: int | None = None, **overrides) -> dic
     from meltemi.models import hf
 
     transformers.logging.set_verbosity_error()
-    repeats = repeats or (2 if quick else 5)
+    repeats = repeats or (3 if quick else 11)
     new_tokens = 32 if quick else NEW_TOKENS
     torch.manual_seed(0)
     config = transformers.LlamaConfig(**(HF_CONFIG | overrides))
@@ -69,34 +81,43 @@ def measure(quick: bool = False, repeats: int | None = None, **overrides) -> dic
         def ours(prompts=prompts):
             return mm.generate(model, prompts, max_new_tokens=new_tokens, eos_token_id=None)
 
-        def theirs(threads: int, ids=ids):
+        def theirs(threads: int = 1, ids=ids):
             torch.set_num_threads(threads)
-            with torch.no_grad():
-                return torch_model.generate(
-                    ids,
-                    max_new_tokens=new_tokens,
-                    do_sample=False,
-                    eos_token_id=None,
-                    pad_token_id=0,
-                )
+            try:
+                with torch.no_grad():
+                    return torch_model.generate(
+                        ids,
+                        max_new_tokens=new_tokens,
+                        do_sample=False,
+                        eos_token_id=None,
+                        pad_token_id=0,
+                    )
+            finally:
+                torch.set_num_threads(default_threads)
 
         first_call = _timed(ours)
-        same = ours() == theirs(default_threads)[:, PROMPT_LEN:].tolist()
-        theirs(1)
-        best = {"ours": float("inf"), "hf": float("inf"), "hf_1": float("inf")}
-        for _ in range(repeats):
-            best["ours"] = min(best["ours"], _timed(ours))
-            best["hf"] = min(best["hf"], _timed(lambda: theirs(default_threads)))
-            best["hf_1"] = min(best["hf_1"], _timed(lambda: theirs(1)))
-        torch.set_num_threads(default_threads)
+        same = ours() == theirs()[:, PROMPT_LEN:].tolist()
+        default = min(_timed(lambda: theirs(default_threads)) for _ in range(2))
+        single = min(_timed(theirs) for _ in range(2))
+        threads = default_threads if default < single else 1
+        times: dict[str, list[float]] = {"ours": [], "hf": []}
+        for r in range(repeats):
+            for side in ("ours", "hf") if r % 2 == 0 else ("hf", "ours"):
+                call = ours if side == "ours" else functools.partial(theirs, threads)
+                times[side].append(_timed(call))
         tokens = batch * new_tokens
-        ref = tokens / min(best["hf"], best["hf_1"])
-        out[f"generate_tokens_per_s_bs{batch}"] = round(tokens / best["ours"], 1)
-        out[f"transformers_tokens_per_s_bs{batch}"] = round(ref, 1)
-        out[f"transformers_threads_bs{batch}"] = (
-            default_threads if best["hf"] <= best["hf_1"] else 1
+        ratios = [h / o for o, h in zip(times["ours"], times["hf"])]
+        q1, median, q3 = _quartiles(ratios)
+        out[f"generate_tokens_per_s_bs{batch}"] = round(tokens / float(np.median(times["ours"])), 1)
+        out[f"transformers_tokens_per_s_bs{batch}"] = round(
+            tokens / float(np.median(times["hf"])), 1
         )
-        out[f"generate_vs_transformers_bs{batch}"] = round(tokens / best["ours"] / ref, 2)
+        out[f"generate_vs_transformers_bs{batch}"] = round(median, 2)
+        out[f"generate_vs_transformers_bs{batch}_iqr"] = [round(q1, 2), round(q3, 2)]
+        out[f"generate_vs_transformers_bs{batch}_best_of"] = round(
+            min(times["hf"]) / min(times["ours"]), 2
+        )
+        out[f"transformers_threads_bs{batch}"] = threads
         out[f"generate_first_call_s_bs{batch}"] = round(first_call, 2)
         out[f"greedy_tokens_equal_bs{batch}"] = same
     return out
@@ -104,11 +125,15 @@ def measure(quick: bool = False, repeats: int | None = None, **overrides) -> dic
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="32 new tokens, 2 repeats")
+    parser.add_argument("--quick", action="store_true", help="32 new tokens, 3 rounds")
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--no_wider", action="store_true", help="skip the wider checkpoint")
     args = parser.parse_args()
-    out = measure(quick=args.quick, repeats=args.repeats)
-    out["wider"] = measure(quick=args.quick, repeats=args.repeats, **WIDER)
+    out = {"load_average_before": round(os.getloadavg()[0], 1)}
+    out |= measure(quick=args.quick, repeats=args.repeats)
+    if not args.no_wider:
+        out["wider"] = measure(quick=args.quick, repeats=args.repeats, **WIDER)
+    out["load_average_after"] = round(os.getloadavg()[0], 1)
     print(json.dumps(out, indent=2))
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import meltemi.models as mm
-from meltemi.models._sampling import filter_logits, sample
+from meltemi.models._sampling import argmax, filter_logits, sample
 
 PROMPTS = [[5, 6, 7, 9, 11, 3, 2], [8], [3, 4, 60]]  # lengths 7, 1, 3
 
@@ -53,6 +53,16 @@ def test_top_k_one_sampling_is_greedy():
         eos_token_id=None,
     )
     assert out == [g[:4] for g in mm.generate(model, PROMPTS, max_new_tokens=4, eos_token_id=None)]
+
+
+def test_greedy_argmax_equals_jnp_argmax_with_ties_and_nans():
+    rng = np.random.default_rng(0)
+    logits = rng.integers(0, 4, (64, 1000)).astype(np.float32)  # many ties per row
+    logits[3, [7, 500]] = np.nan  # the first NaN wins, as in jnp.argmax
+    logits[5] = -np.inf
+    expected = np.asarray(jnp.argmax(logits, axis=-1))
+    assert expected[3] == 7 and expected[5] == 0
+    assert np.asarray(jax.jit(argmax)(logits)).tolist() == expected.tolist()
 
 
 def test_top_p_keeps_the_smallest_set_reaching_p():
@@ -105,7 +115,9 @@ def _compiles(fn) -> int:
 
 
 def test_many_prompt_lengths_and_budgets_share_a_handful_of_compiles():
-    model = T.random_model(mm.get_preset("tiny-llama").replace(max_seq_len=128), seed=3)
+    # One layer: the number of programs does not depend on the depth, the compile time does.
+    cfg = mm.get_preset("tiny-llama").replace(max_seq_len=128, num_layers=1)
+    model = T.random_model(cfg, seed=3)
     rng = np.random.default_rng(0)
 
     def sweep():
@@ -202,11 +214,14 @@ def test_a_bfloat16_cache_is_stored_in_bfloat16_and_decodes_the_same_tokens(mode
     args = (model, tokens, np.zeros(4, np.int32), np.int32(6), _generate._eos_ids(None))
     hlo = _generate._compiled.lower(*args, jax.random.key(0), np.int32(0), static).as_text()
     cfg = model.config
-    shape = f"tensor<4x{cfg.num_kv_heads}x32x{cfg.head_size}x"  # batch, kv heads, 16+16 slots
+    # keys (batch, kv heads, 16+16 slots, head size); values with the slots innermost
+    k_shape = f"tensor<4x{cfg.num_kv_heads}x32x{cfg.head_size}x"
+    v_shape = f"tensor<4x{cfg.num_kv_heads}x{cfg.head_size}x32x"
     loop = next(line for line in hlo.splitlines() if "stablehlo.while" in line)
     # The decoding loop carries k and v of every layer in bfloat16, and nothing in float32.
-    assert loop.count(f"{shape}bf16>") >= 2 * cfg.num_layers
-    assert f"{shape}f32>" not in loop
+    for shape in (k_shape, v_shape):
+        assert loop.count(f"{shape}bf16>") >= cfg.num_layers
+        assert f"{shape}f32>" not in loop
 
 
 def test_unknown_cache_dtype_names_the_choices():

@@ -71,6 +71,8 @@ def test_the_kv_cache_is_split_over_batch_and_kv_heads(mesh, model):
         args += (_generate._eos_ids(None), jax.random.key(0), np.int32(0), static)
         hlo = _generate._compiled.lower(*args).lowered.compile().as_text()
     loop = next(line for line in hlo.splitlines() if " while(" in line)
-    # Per device: 1 of 4 rows, 1 of 2 kv heads, all 32 slots, head size 8 (k and v per layer).
-    assert loop.count("f32[1,1,32,8]") == 2 * model.config.num_layers
-    assert "f32[4,2,32,8]" not in loop
+    # Per device: 1 of 4 rows, 1 of 2 kv heads, all 32 slots, head size 8 (k per layer; v per
+    # layer stores the slots innermost).
+    assert loop.count("f32[1,1,32,8]") == model.config.num_layers
+    assert loop.count("f32[1,1,8,32]") == model.config.num_layers
+    assert "f32[4,2,32,8]" not in loop and "f32[4,2,8,32]" not in loop
