@@ -133,3 +133,13 @@ def test_an_applied_step_logs_the_norm_of_the_change_it_made():
     change_norm = float(jnp.sqrt(sum(jnp.sum(c**2) for c in jax.tree.leaves(change))))
     assert float(metrics["optim/grad_norm"]) == pytest.approx(expected, rel=1e-5)
     assert float(metrics["optim/update_norm"]) == pytest.approx(change_norm, rel=1e-4)
+
+
+def test_peak_flops_are_measured_once_per_device_and_remembered():
+    from meltemi.levanter.trainer import measure_peak_flops
+
+    first = measure_peak_flops(size=256)
+    assert first > 0
+    # A second measurement would differ in the last bits; the remembered one is identical.
+    assert measure_peak_flops(size=256) == first
+    assert measure_peak_flops(jax.devices()[0], size=256) == first

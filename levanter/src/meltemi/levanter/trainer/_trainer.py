@@ -53,12 +53,25 @@ from meltemi.levanter.trainer._summary import RunResult, display_path, summary
 logger = logging.getLogger(__name__)
 
 
-def measure_peak_flops(device: jax.Device | None = None, size: int = 1024) -> float:
-    """FLOP/s of a float32 matmul on one device, measured now (the MFU denominator).
+_PEAK_FLOPS: dict[tuple[int, int], float] = {}
 
-    The fastest of several repetitions counts, so a busy machine does not lower the peak.
+
+def measure_peak_flops(device: jax.Device | None = None, size: int = 1024) -> float:
+    """FLOP/s of a float32 matmul on one device (the MFU denominator).
+
+    Measured on the first call for a device and size in a process (a fresh jit and up to 0.5 s
+    of matmuls) and remembered: a process that trains several runs (a sweep's worker, a test)
+    measures once. The fastest of several repetitions counts, so a busy machine does not lower
+    the peak.
     """
     device = device or jax.devices()[0]
+    key = (device.id, size)
+    if key not in _PEAK_FLOPS:
+        _PEAK_FLOPS[key] = _time_matmul(device, size)
+    return _PEAK_FLOPS[key]
+
+
+def _time_matmul(device: jax.Device, size: int) -> float:
     a = jax.device_put(jnp.ones((size, size), jnp.float32), device)
     f = jax.jit(lambda x: x @ x)
     f(a).block_until_ready()
