@@ -9,6 +9,7 @@ import equinox as eqx
 import hf_harness as H
 import jax
 import jax.numpy as jnp
+import model_testing as T
 import numpy as np
 import optax
 import peft
@@ -39,8 +40,8 @@ def _random_b(model, key):
 
 @pytest.fixture(scope="module")
 def base():
-    cfg = mm.get_preset("tiny-llama")
-    return mm.init(cfg, key=jax.random.key(0))
+    # Random weights loaded, not `mm.init`: no initialiser to compile, and norms are not ones.
+    return T.random_model(mm.get_preset("tiny-llama"), seed=0)
 
 
 def test_wrapped_model_equals_base_at_init(base):
@@ -117,8 +118,9 @@ def test_merge_with_zero_b_is_bit_exact(base):
 
 
 def test_unrolled_model_gets_per_layer_adapters():
-    cfg = mm.get_preset("tiny-llama").replace(scan_layers=False)
-    model = mm.init(cfg, key=jax.random.key(0))
+    # Two layers are enough for a list of blocks that each get their own adapters.
+    cfg = mm.get_preset("tiny-llama").replace(scan_layers=False, num_layers=2)
+    model = T.random_model(cfg, seed=0)
     wrapped = _random_b(
         lora.apply(model, lora.LoraConfig(rank=2), key=jax.random.key(1)), jax.random.key(2)
     )
@@ -254,8 +256,7 @@ def test_hf_save_of_unmerged_model_names_the_fix(hf_pair, tmp_path):
 
 
 def test_gpt2_peft_export_is_refused_with_the_fix(tmp_path):
-    cfg = mm.get_preset("tiny-gpt2")
-    model = mm.init(cfg, key=jax.random.key(0))
+    model = T.random_model(mm.get_preset("tiny-gpt2"), seed=0)
     wrapped = lora.apply(model, lora.LoraConfig(rank=2), key=jax.random.key(1))
     with pytest.raises(mm.ConfigError, match=r"export the merged model instead"):
         lora.save_peft(wrapped, tmp_path)

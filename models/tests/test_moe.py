@@ -1,5 +1,7 @@
 """Mixture of experts: routing, the dropless and capacity paths, auxiliary losses."""
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -56,7 +58,7 @@ def test_dropless_path_matches_the_per_token_definition():
 
 def test_capacity_dispatch_drops_only_assignments_past_capacity():
     _, w, e = K.route(LOGITS, TOPK, normalize=True)
-    dispatch, combine, kept = K.capacity_dispatch(w, e, E, 3)
+    dispatch, combine, kept = jax.jit(K.capacity_dispatch, static_argnums=(2, 3))(w, e, E, 3)
     counts = np.asarray(dispatch).sum(axis=1)  # [G, E, C]: each slot holds at most one token
     assert counts.max() == 1
     for g in range(G):
@@ -68,23 +70,36 @@ def test_capacity_dispatch_drops_only_assignments_past_capacity():
     )
 
 
-def test_uniform_routing_gives_load_balancing_loss_top_k():
+# The kernels are composed under one jit per test: run eagerly, every op compiles on its own.
+@jax.jit
+def _uniform_routing_losses():
     logits = jnp.zeros((S, E))
     experts = jnp.stack([jnp.arange(S) % E, (jnp.arange(S) + 1) % E], -1)[: (S // E) * E]
     logits = logits[: len(experts)]
     f, p, z = K.router_statistics(logits, jax.nn.softmax(logits), experts, None)
-    for scope in ("all_layers", "per_layer"):
-        lb = K.load_balancing_loss(f[None], p[None], scope=scope)
+    scopes = ("all_layers", "per_layer")
+    return [K.load_balancing_loss(f[None], p[None], scope=s) for s in scopes], z
+
+
+def test_uniform_routing_gives_load_balancing_loss_top_k():
+    losses, z = _uniform_routing_losses()
+    for lb in losses:
         np.testing.assert_allclose(float(lb), TOPK, rtol=1e-6)
     np.testing.assert_allclose(float(z), np.log(E) ** 2, rtol=1e-6)
 
 
-def test_router_statistics_ignore_masked_tokens():
-    flat = LOGITS.reshape(-1, E)
+@jax.jit
+def _masked_and_subset_statistics(logits):
+    flat = logits.reshape(-1, E)
     probs, _, e = K.route(flat, TOPK, normalize=True)
     mask = jnp.arange(flat.shape[0]) < 10
     masked = K.router_statistics(flat, probs, e, mask)
     subset = K.router_statistics(flat[:10], probs[:10], e[:10], None)
+    return masked, subset
+
+
+def test_router_statistics_ignore_masked_tokens():
+    masked, subset = _masked_and_subset_statistics(LOGITS)
     for a, b in zip(masked, subset, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
 
@@ -96,10 +111,15 @@ def _layer_logits(num_layers=4, tokens=39, seed=7):
     return (rng.standard_normal((num_layers, tokens, E)) + bias).astype(np.float32)
 
 
-def _ours(logits, mask, scope):
+@functools.partial(jax.jit, static_argnames="scope")
+def _ours_loss(logits, mask, scope):
     stats = [K.router_statistics(x, *K.route(x, TOPK, normalize=False)[::2], mask) for x in logits]
     f, p = jnp.stack([s[0] for s in stats]), jnp.stack([s[1] for s in stats])
-    return float(K.load_balancing_loss(f, p, scope=scope))
+    return K.load_balancing_loss(f, p, scope=scope)
+
+
+def _ours(logits, mask, scope):
+    return float(_ours_loss(logits, mask, scope=scope))
 
 
 def test_load_balancing_loss_equals_transformers_load_balancing_loss_func():
