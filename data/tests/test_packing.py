@@ -61,6 +61,24 @@ def test_ffd_equals_the_piece_by_piece_reference(seed):
         assert [tuple(int(v) for v in t) for t in got] == row
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_ffd_of_long_documents_equals_the_reference(seed):
+    # Many full pieces (long documents, exact multiples of seq_len) and a few short ones: the
+    # full pieces take rows of their own without the search, in the reference's order.
+    rng = np.random.default_rng(100 + seed)
+    seq_len = int(rng.integers(2, 10))
+    lengths = rng.integers(1, 20 * seq_len, 14)
+    lengths[::3] = seq_len * rng.integers(1, 6, len(lengths[::3]))
+    window = int(rng.integers(1, 8))
+    plan = pack_ffd(lengths, seq_len, window)
+    want = _ffd_reference(lengths, seq_len, window)
+    assert plan.num_sequences == len(want)
+    for q, row in enumerate(want):
+        lo, hi = plan.seq_start[q], plan.seq_start[q + 1]
+        got = zip(plan.row_offset[lo:hi], plan.pos[lo:hi], plan.offset[lo:hi], strict=True)
+        assert [tuple(int(v) for v in t) for t in got] == row
+
+
 def test_ffd_pads_far_less_than_next_fit_on_mixed_lengths():
     lengths = np.random.default_rng(0).integers(50, 1500, 20_000)
     lower_bound = -(-int(lengths.sum()) // 2048)

@@ -91,11 +91,47 @@ def pack_ffd(lengths: np.ndarray, seq_len: int, window: int) -> DocumentPlan:
     n = len(length)
     if n == 0:
         return DocumentPlan(pos, offset, length, np.zeros(0, np.int64), np.zeros(1, np.int64))
-    win = pos // window
-    # By window, longest first; a stable sort keeps document order among equal lengths.
+    win = pos // window  # non-decreasing: pieces are in document order
+    num_windows = int(win[-1]) + 1
+    # A full piece (seq_len tokens) is the longest there is: first-fit-decreasing gives each a
+    # new row of its own, in document order, before any shorter piece, and no shorter piece
+    # fits there. So full pieces take rows 0..F-1 of their window directly, and only the
+    # shorter ones (at most one per document) go through the search.
+    full = length == seq_len
+    full_rows = np.bincount(win[full], minlength=num_windows)
+    idx_full = np.flatnonzero(full)
+    row_of = np.empty(n, np.int64)
+    at = np.zeros(n, np.int64)
+    row_of[idx_full] = np.arange(len(idx_full)) - (np.cumsum(full_rows) - full_rows)[win[idx_full]]
+    part = np.flatnonzero(~full)
+    part_row, part_at, part_rows = _first_fit_decreasing(
+        win[part], length[part], seq_len, num_windows
+    )
+    row_of[part] = full_rows[win[part]] + part_row
+    at[part] = part_at
+    rows_per_window = full_rows + part_rows
+    seq = (np.cumsum(rows_per_window) - rows_per_window)[win] + row_of
+    final = np.argsort(seq * (seq_len + 1) + at)  # by row, then place in the row (unique)
+    seq_start = np.searchsorted(seq[final], np.arange(int(rows_per_window.sum()) + 1))
+    return DocumentPlan(pos[final], offset[final], length[final], at[final], seq_start)
+
+
+def _first_fit_decreasing(
+    win: np.ndarray, length: np.ndarray, seq_len: int, num_windows: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(row inside its window, start inside the row) of each piece, and rows per window.
+
+    Inside a window, pieces are taken longest first (ties: the given order) and each goes into
+    the first row with room, or a new row; one vectorised step per piece rank, all windows
+    together.
+    """
+    n = len(length)
+    rows_open = np.zeros(num_windows, np.int64)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), rows_open
+    # By window, longest first; a stable sort keeps the given order among equal lengths.
     order = np.argsort(win * (seq_len + 1) + (seq_len - length), kind="stable")
     w_sorted = win[order]
-    num_windows = int(w_sorted[-1]) + 1
     per_window = np.bincount(w_sorted, minlength=num_windows)
     rank = np.arange(n) - (np.cumsum(per_window) - per_window)[w_sorted]
     ranks = int(per_window.max())
@@ -103,11 +139,10 @@ def pack_ffd(lengths: np.ndarray, seq_len: int, window: int) -> DocumentPlan:
     sizes = np.full((ranks, num_windows), seq_len + 1, np.int64)
     sizes[rank, w_sorted] = length[order]
     rem = np.zeros((num_windows, ranks), np.int64)  # room left in each row of each window
-    rows_open = np.zeros(num_windows, np.int64)
     rows = np.empty((ranks, num_windows), np.int64)
     starts = np.empty((ranks, num_windows), np.int64)
     every = np.arange(num_windows)
-    for r in range(ranks):  # one vectorised step per piece rank, all windows together
+    for r in range(ranks):
         size = sizes[r]
         width = max(1, int(rows_open.max()))  # rows not open yet have no room: never fit
         fits = rem[:, :width] >= size[:, None]
@@ -124,11 +159,7 @@ def pack_ffd(lengths: np.ndarray, seq_len: int, window: int) -> DocumentPlan:
     at = np.empty(n, np.int64)
     row_of[order] = rows[rank, w_sorted]
     at[order] = starts[rank, w_sorted]
-    row_base = np.cumsum(rows_open) - rows_open
-    seq = row_base[win] + row_of
-    final = np.argsort(seq * (seq_len + 1) + at)  # by row, then place in the row (unique)
-    seq_start = np.searchsorted(seq[final], np.arange(int(rows_open.sum()) + 1))
-    return DocumentPlan(pos[final], offset[final], length[final], at[final], seq_start)
+    return row_of, at, rows_open
 
 
 def padding_fraction(plan: DocumentPlan, seq_len: int) -> float:
