@@ -51,7 +51,8 @@ def write_compile_cache_from_every_rank() -> bool:
     JAX writes entries only from process 0, and on CPU a process's cache key includes its
     topology fingerprint, which differs per process: ranks >= 1 never found an entry and
     compiled every step from scratch at each re-form (14 s of a 23 s shrink on this machine).
-    Their keys are distinct files, so writing them does not contend with process 0's.
+    Their keys are distinct files, so writing them does not contend with process 0's. On other
+    platforms the keys are the same on every process and only process 0 writes, as in JAX.
     Returns False (and changes nothing) if this JAX has no such hook.
     """
     try:
@@ -65,7 +66,10 @@ def write_compile_cache_from_every_rank() -> bool:
 
     def cache_write(cache_key, compile_time_secs, module_name, backend, executable,
                     host_callbacks):  # fmt: skip
-        if distributed.global_state.process_id == 0 or host_callbacks:
+        # Only CPU keys differ per process; on GPU/TPU every rank has the same key, and JAX's
+        # one writer (process 0) is right: many writers of one object would contend.
+        cpu = getattr(backend, "platform", "") == "cpu"
+        if distributed.global_state.process_id == 0 or host_callbacks or not cpu:
             return original(cache_key, compile_time_secs, module_name, backend, executable,
                             host_callbacks)  # fmt: skip
         if compile_time_secs < jax.config.jax_persistent_cache_min_compile_time_secs:
