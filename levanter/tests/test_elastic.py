@@ -6,7 +6,8 @@ processes take their places) without restarting from step 0, the replacement rej
 the run ends on 3 slices. Every step 1..N is logged once,
 with the `data/batch_hash` and (to 1e-5) the loss of an uninterrupted 3-slice run of the
 same layout in this process. Losing more slices than `mesh.min_slices` allows stops the job
-with exit status 75, and starting it again resumes. One job per test (one test per shard).
+with exit status 75, and starting it again resumes. The SIGKILL case runs on fray's Ray
+backend too (`RayCluster`). One job per test (one test per shard).
 """
 
 import os
@@ -253,3 +254,24 @@ def test_losing_more_slices_than_min_slices_stops_with_75_and_resumes(tmp_path, 
     assert [r["step"] for r in logged] == list(range(1, STEPS + 1))
     assert [r["data/batch_hash"] for r in logged] == [r["data/batch_hash"] for r in records]
     assert json.loads((run_dir / "status.json").read_text())["state"] == "done"
+
+
+def test_a_killed_slice_shrinks_and_grows_back_on_ray(tmp_path, reference):
+    """The same job on fray's Ray backend: each slice process is a Ray actor's worker."""
+    from meltemi.fray.ray import RayCluster
+
+    records, cache = reference
+    run_dir = tmp_path / "run"
+    events = {}
+    with RayCluster(num_cpus=2, include_dashboard=False, heartbeat_timeout_s=600.0) as cluster:
+        status = launch_multislice(
+            _resolved(run_dir, cache),
+            cluster=cluster,
+            on_start=_interrupt_one_slice(run_dir, signal.SIGKILL, events),
+        )
+    assert status == 0, events
+    final = _check_run(run_dir, records, events)
+    # Ray's raylet, not the launcher, is the worker's parent: the launcher sees the actor
+    # die, not the signal that killed it.
+    lost = next(e for e in final["events"] if e["kind"] == "lost")
+    assert lost["reason"].startswith("slice 1 died"), lost
