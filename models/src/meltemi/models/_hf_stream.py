@@ -1,9 +1,11 @@
 """Streaming, sharded conversion between a model and a safetensors checkpoint.
 
-Loading builds every parameter with `jax.make_array_from_callback`: for each device's piece of a
-parameter (its `NamedSharding` under the mapping), the callback reads just the rows and columns
-of the Hugging Face tensors that piece needs (one per layer and expert of a stacked parameter),
-so no process ever holds a whole stacked parameter, let alone the checkpoint. Saving produces
+Loading builds every parameter from its devices' pieces (its `NamedSharding` under the
+mapping). From a local checkpoint each Hugging Face tensor (one per layer and expert of a
+stacked parameter) is read once and every piece's part of it copied into that device's
+aligned host buffer, which `device_put` adopts on CPU; from object storage
+`jax.make_array_from_callback` reads, per piece, just the rows and columns it needs. No process
+holds more of the checkpoint than one tensor beyond the parameters themselves. Saving produces
 one Hugging Face tensor at a time (one layer of one expert of one parameter), copies it to the
 host, writes it and drops it.
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import equinox as eqx
@@ -40,8 +43,7 @@ def _ranges(index: tuple[slice, ...] | None, axes: tuple[hax.Axis, ...]) -> dict
 
 
 def _read_block(
-    ckpt: Checkpoint,
-    key: str,
+    read: Callable[[tuple[slice, ...]], np.ndarray],
     spec: K.Spec,
     offset: int,
     out: tuple[str, ...],
@@ -65,7 +67,7 @@ def _read_block(
     if spec.inn:
         cols, col_rest = span(spec.inn, 0)
         index = (cols, rows) if spec.conv1d else (rows, cols)
-    block = ckpt.read(key, index)
+    block = read(index)
     if spec.conv1d:
         block = block.T
     shape = (len(ranges[out[0]]), *(sizes[n] for n in out[1:]))
@@ -103,10 +105,87 @@ def _piece_array(
                 zip(lead, (r[p] for r, p in zip(lead_ranges, pos, strict=True)), strict=True)
             )
             key = spec.hf.format(i=ids.get("layers"), j=ids.get("experts"))
-            block[pos] = _read_block(ckpt, key_map[key], spec, offset, out, sizes, ranges)
+            name = key_map[key]
+            read = functools.partial(ckpt.read, name)
+            block[pos] = _read_block(read, spec, offset, out, sizes, ranges)
         return np.transpose(block, perm)
 
     return jax.make_array_from_callback(template.array.shape, sharding, callback, dtype=dtype)
+
+
+def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    # 64-byte aligned: jax.device_put on CPU then adopts the buffer instead of copying it.
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    skip = -raw.ctypes.data % _ALIGN
+    return raw[skip : skip + nbytes].view(dtype).reshape(shape)
+
+
+_ALIGN = 64
+_WORKERS = 2
+
+
+def _piece_array_local(
+    ckpt: Checkpoint,
+    key_map: Mapping[str, str],
+    spec: K.Spec,
+    template: hax.NamedArray,
+    out: tuple[str, ...],
+    offset: int,
+    dtype: np.dtype,
+    sharding: jax.sharding.Sharding,
+) -> jax.Array:
+    """`_piece_array` for a local checkpoint: each HF tensor is read once (into the
+    checkpoint's scratch buffer), and every device's piece of it is copied (cast, transposed)
+    from there into that device's buffer, which `device_put` then adopts on CPU (64-byte
+    aligned host buffers are not copied). Besides the parameters themselves, only the tensor
+    being copied is resident."""
+    axes = template.axes
+    names = [a.name for a in axes]
+    sizes = {a.name: a.size for a in axes}
+    lead = K._lead(spec)
+    order = lead + out + spec.inn
+    to_order = [names.index(n) for n in order]
+    shape = template.array.shape
+    pieces: dict[tuple, tuple[dict[str, range], np.ndarray]] = {}
+    device_keys: list[tuple[jax.Device, tuple]] = []
+    for device, index in sharding.addressable_devices_indices_map(shape).items():
+        ranges = _ranges(index, axes)
+        ident = tuple((r.start, r.stop) for r in ranges.values())
+        if ident not in pieces:
+            buffer = _aligned_empty(tuple(len(ranges[n]) for n in names), dtype)
+            pieces[ident] = (ranges, buffer)
+        device_keys.append((device, ident))
+    lead_sizes = [sizes[n] for n in lead]
+
+    def fill(piece: tuple[dict[str, range], np.ndarray], ids: dict, source: np.ndarray) -> None:
+        ranges, buffer = piece
+        if any(ids[n] not in ranges[n] for n in lead):
+            return
+        at = tuple(ids[n] - ranges[n].start for n in lead)
+        block = _read_block(source.__getitem__, spec, offset, out, sizes, ranges)
+        np.copyto(buffer.transpose(to_order)[at], block, casting="unsafe")
+
+    # Two workers fill the devices' pieces of a tensor at once: on 2 cores this shortens the
+    # copies and the first-touch page faults of the new buffers.
+    with ThreadPoolExecutor(max(1, min(_WORKERS, len(pieces)))) as pool:
+        for pos in np.ndindex(*lead_sizes):
+            ids = dict(zip(lead, pos, strict=True))
+            name = key_map[spec.hf.format(i=ids.get("layers"), j=ids.get("experts"))]
+            source = ckpt.read_whole(name)
+            list(pool.map(functools.partial(fill, ids=ids, source=source), pieces.values()))
+            del source
+
+    arrays, used = [], set()
+    for device, ident in device_keys:
+        buffer = pieces[ident][1]
+        if ident in used:  # a replicated piece: each device gets its own buffer
+            copy = _aligned_empty(buffer.shape, dtype)
+            np.copyto(copy, buffer)
+            buffer = copy
+        used.add(ident)
+        arrays.append(jax.device_put(buffer, device))
+    return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
 
 
 def _hf_shape(spec: K.Spec, model: Any) -> tuple[int, ...]:
@@ -148,39 +227,49 @@ def load(
     loaded: list[str] = []
     initialised: dict[str, str] = {}
     missing: list[str] = []
-    for spec in K.specs_for(config):
-        keys = [k for k, _ in K._expand(spec, config)]
-        absent = [k for k in keys if k not in key_map]
-        if absent and not (init_missing_norms and spec.identity is not None):
-            missing += absent
-            continue
-        if absent:
-            for get, _ in spec.pieces():
+    try:
+        for spec in K.specs_for(config):
+            keys = [k for k, _ in K._expand(spec, config)]
+            absent = [k for k in keys if k not in key_map]
+            if absent and not (init_missing_norms and spec.identity is not None):
+                missing += absent
+                continue
+            if absent:
+                for get, _ in spec.pieces():
+                    t = K._array(model, spec, get)
+                    value = np.full(t.array.shape, spec.identity, dtype or t.dtype)
+                    values.append(hax.NamedArray(jax.device_put(value, sharding_of(t)), t.axes))
+                    where.append(K._where(spec, get))
+                initialised.update({k: f"{spec.identity:g}" for k in keys})
+                continue
+            expect = _hf_shape(spec, model)
+            infos = [ckpt.tensors[key_map[k]] for k in keys]
+            for k, info in zip(keys, infos, strict=True):
+                if info.shape != expect:
+                    raise K.ShapeError(
+                        f"{spec.hf}: checkpoint tensor {k} has shape {info.shape}, the config "
+                        f"needs {expect}; does config.json match the weights?"
+                    )
+            offset = 0
+            for get, out in spec.pieces():
                 t = K._array(model, spec, get)
-                value = np.full(t.array.shape, spec.identity, dtype or t.dtype)
-                values.append(hax.NamedArray(jax.device_put(value, sharding_of(t)), t.axes))
+                target = np.dtype(dtype or infos[0].dtype)
+                # Several processes (hosts) read only their devices' pieces: each reading whole
+                # tensors would multiply the checkpoint's I/O by the number of hosts.
+                if ckpt.remote or jax.process_count() > 1:
+                    array = _piece_array(
+                        ckpt, key_map, spec, config, t, out, offset, target, sharding_of(t)
+                    )
+                else:
+                    array = _piece_array_local(
+                        ckpt, key_map, spec, t, out, offset, target, sharding_of(t)
+                    )
+                values.append(hax.NamedArray(array, t.axes))
                 where.append(K._where(spec, get))
-            initialised.update({k: f"{spec.identity:g}" for k in keys})
-            continue
-        expect = _hf_shape(spec, model)
-        infos = [ckpt.tensors[key_map[k]] for k in keys]
-        for k, info in zip(keys, infos, strict=True):
-            if info.shape != expect:
-                raise K.ShapeError(
-                    f"{spec.hf}: checkpoint tensor {k} has shape {info.shape}, the config needs "
-                    f"{expect}; does config.json match the weights?"
-                )
-        offset = 0
-        for get, out in spec.pieces():
-            t = K._array(model, spec, get)
-            target = np.dtype(dtype or infos[0].dtype)
-            array = _piece_array(
-                ckpt, key_map, spec, config, t, out, offset, target, sharding_of(t)
-            )
-            values.append(hax.NamedArray(array, t.axes))
-            where.append(K._where(spec, get))
-            offset += math.prod(t.shape[n] for n in out)
-        loaded += keys
+                offset += math.prod(t.shape[n] for n in out)
+            loaded += keys
+    finally:
+        ckpt.close()
     if where:
         model = eqx.tree_at(lambda m: [w(m) for w in where], model, values)
     if unrolled:

@@ -2,8 +2,11 @@
 writes of `model-0000k-of-0000n.safetensors` shards with `model.safetensors.index.json`.
 
 Reading opens a file with `safe_open(path, framework="numpy")` for each read and reads only the
-requested slice (`get_slice`), so no file stays memory-mapped between reads: the process never
-holds more of a checkpoint than the piece it is copying. Writing streams one tensor at a time:
+requested slice (`get_slice`). The sharded loader instead calls `read_whole(name)`, which reads
+one local tensor with `preadv` into a scratch buffer the checkpoint reuses, and copies every
+device's piece from there into that device's buffer: each byte is read once (a column-sharded
+tensor is not re-read per device, nor page-faulted through a mapping), and the process never
+holds more of a checkpoint than the largest tensor. Writing streams one tensor at a time:
 the shard plan and every header are computed from shapes and dtypes alone, then each tensor is
 produced, written and dropped. (The `safetensors` package can only write a whole in-memory
 dict, hence the writer here; what it writes is read back by the package in the tests.)
@@ -143,6 +146,39 @@ class Checkpoint:
             absent = sorted(k for k, f in weight_map.items() if k not in self.tensors)
             if absent:
                 raise SafetensorsError(f"{index} lists tensors no shard holds: {absent[:5]}")
+
+        self._starts: dict[str, int] = {}
+        self._files: dict[Any, int] = {}
+        self._scratch: np.ndarray | None = None
+
+    def read_whole(self, name: str) -> np.ndarray:
+        """Tensor `name` read (`preadv`) into a scratch buffer this checkpoint reuses: valid
+        until the next `read_whole`. Local files only."""
+        info = self.tensors[name]
+        if 0 in info.shape:
+            return np.zeros(info.shape, info.dtype)
+        if name not in self._starts:  # byte offsets of every tensor of this shard
+            self._starts.update({k: t.start for k, t in _remote_header(info.file).items()})
+        nbytes = math.prod(info.shape) * info.dtype.itemsize
+        if self._scratch is None or self._scratch.nbytes < nbytes:
+            self._scratch = None
+            self._scratch = np.empty(nbytes, np.uint8)
+        target = self._scratch[:nbytes]
+        if info.file not in self._files:
+            self._files[info.file] = os.open(info.file, os.O_RDONLY)
+        fd, done = self._files[info.file], 0
+        while done < nbytes:
+            got = os.preadv(fd, [target[done:]], self._starts[name] + done)
+            if got <= 0:
+                raise SafetensorsError(f"{info.file}: truncated while reading {name!r}")
+            done += got
+        return target.view(info.dtype).reshape(info.shape)
+
+    def close(self) -> None:
+        """Closes the shards `read_whole` opened and frees its buffer (reopened on demand)."""
+        files, self._files, self._scratch = self._files, {}, None
+        for fd in files.values():
+            os.close(fd)
 
     def __contains__(self, name: object) -> bool:
         return name in self.tensors
