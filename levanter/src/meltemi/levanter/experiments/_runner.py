@@ -58,8 +58,9 @@ class SweepWorker:
         resolved = ResolvedConfig.from_json(config_json)
         start, cpu = time.perf_counter(), time.process_time()
         spec = resolve(resolved)
-        # build_store locks a store even to find it up to date, and refuses a second caller
-        # instead of waiting: the workers of one sweep open the stores one at a time.
+        # The driver built the stores (a finished one opens without a lock); should one not be
+        # finished, build_store refuses a second builder instead of waiting, so the workers of
+        # a sweep set up their runs one at a time.
         lock = pathlib.Path(spec.run_dir).parent / ".stores.lock"
         lock.parent.mkdir(parents=True, exist_ok=True)
         with open(lock, "a+") as fh:
