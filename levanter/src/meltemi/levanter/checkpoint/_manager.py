@@ -169,6 +169,25 @@ def read_manifest(root: str | os.PathLike) -> dict | None:
         return None
 
 
+def checkpoint_steps(directory: str | os.PathLike) -> list[int]:
+    """Steps with a checkpoint directory under `directory` (complete or not), ascending."""
+    root = as_path(directory)
+    if not root.is_dir():
+        return []
+    # Names only (one listing; no request per entry on an object store).
+    steps = [_STEP_DIR.match(p.name) for p in root.iterdir()]
+    return sorted(int(m.group(1)) for m in steps if m)
+
+
+def latest_complete_step(directory: str | os.PathLike) -> int | None:
+    """The newest step under `directory` with a completion manifest, or None (reads the
+    manifests newest first, stopping at the first one found)."""
+    for step in reversed(checkpoint_steps(directory)):
+        if read_manifest(step_dir(directory, step)):
+            return step
+    return None
+
+
 def verify_checkpoint(root: str | os.PathLike) -> str | None:
     """Returns why the checkpoint at `root` is unusable, or None if it looks complete.
 
@@ -493,11 +512,7 @@ class Checkpointer:
 
     def all_steps(self) -> list[int]:
         """Steps with a checkpoint directory (complete or not), ascending."""
-        if not self.directory.is_dir():
-            return []
-        # Names only (one listing; no request per entry on an object store).
-        steps = [_STEP_DIR.match(p.name) for p in self.directory.iterdir()]
-        return sorted(int(m.group(1)) for m in steps if m)
+        return checkpoint_steps(self.directory)
 
     def complete_steps(self) -> list[int]:
         """Steps whose checkpoint has a completion manifest, ascending."""
@@ -505,8 +520,7 @@ class Checkpointer:
 
     def latest_step(self) -> int | None:
         """The newest step with a completion manifest, or None."""
-        steps = self.complete_steps()
-        return steps[-1] if steps else None
+        return latest_complete_step(self.directory)
 
     def read_config(self, step: int) -> dict:
         """The resolved config saved with the checkpoint of `step`."""

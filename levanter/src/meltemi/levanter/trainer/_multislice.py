@@ -32,7 +32,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import signal
 import sys
 import threading
@@ -43,7 +42,7 @@ from typing import Any
 import jax
 
 from meltemi import fray
-from meltemi.levanter.checkpoint import read_manifest, step_dir
+from meltemi.levanter.checkpoint import latest_complete_step
 from meltemi.levanter.config import ResolvedConfig, RunSpec, as_spec
 from meltemi.levanter.multislice import JobStatus, SliceStatus
 from meltemi.levanter.trainer._preemption import PREEMPTED_EXIT_CODE
@@ -136,9 +135,6 @@ def _vm_hwm_mb(pid: int | None) -> float | None:
     return None
 
 
-_STEP_NAME = re.compile(r"step_\d{8}")
-
-
 def _last_step(path) -> int:
     """The newest step in metrics.jsonl (reads only the file's tail)."""
     try:
@@ -156,12 +152,8 @@ def _last_step(path) -> int:
 
 def _resume_step(run_dir) -> int:
     """The step a new gang resumes from: the newest complete checkpoint's (0 if none)."""
-    root = run_dir / "checkpoints"
-    with contextlib.suppress(OSError):
-        names = [p.name for p in root.iterdir()]
-        for step in sorted((int(n[5:]) for n in names if _STEP_NAME.fullmatch(n)), reverse=True):
-            if read_manifest(step_dir(root, step)):
-                return step
+    with contextlib.suppress(OSError):  # a listing racing a save or a cleanup
+        return latest_complete_step(run_dir / "checkpoints") or 0
     return 0
 
 
@@ -252,8 +244,7 @@ class _ElasticJob:
             self.handles.clear()
             self.standby.clear()
         for h in handles:
-            with contextlib.suppress(Exception):
-                self.cluster.kill(h)
+            self._kill(h)
         for t in list(self.retrying.values()) + list(self.fill_threads):
             t.join(timeout=5)
 
@@ -317,30 +308,35 @@ class _ElasticJob:
         if keep:
             self.write_status()
         elif handle is not None:
-            with contextlib.suppress(Exception):
-                self.cluster.kill(handle)
+            self._kill(handle)
 
-    def _take_standby(self, index: int) -> bool:
-        """Promotes slice `index`'s spare (if it has one) to its process for the next gang."""
+    def _pop_standby(self, index: int) -> tuple[Any, int | None]:
+        """Removes slice `index`'s spare from the pool: `(handle or None, its pid)`."""
         with self.lock:
             handle = self.standby.pop(index, None)
             pid, self.slices[index].standby_pid = self.slices[index].standby_pid, None
+        return handle, pid
+
+    def _take_standby(self, index: int) -> bool:
+        """Promotes slice `index`'s spare (if it has one) to its process for the next gang."""
+        handle, pid = self._pop_standby(index)
         if handle is None:
             return False
         if not _alive(pid):  # it died while standing by
-            with contextlib.suppress(Exception):
-                self.cluster.kill(handle)
+            self._kill(handle)
             return False
         self._enlist(index, handle, pid)
         return True
 
     def _drop_standby(self, index: int) -> None:
-        with self.lock:
-            handle = self.standby.pop(index, None)
-            self.slices[index].standby_pid = None
+        handle, _ = self._pop_standby(index)
         if handle is not None:
-            with contextlib.suppress(Exception):
-                self.cluster.kill(handle)
+            self._kill(handle)
+
+    def _kill(self, handle) -> None:
+        """Stops an actor; one that is already gone (or its cluster) is not an error here."""
+        with contextlib.suppress(Exception):
+            self.cluster.kill(handle)
 
     def _retire(self, index: int) -> None:
         """Stops slice `index`'s process (it is lost or its gang is over)."""
@@ -354,8 +350,7 @@ class _ElasticJob:
             if s.ended_at is None and s.started_at is not None:
                 s.ended_at = time.time()
         if handle is not None:
-            with contextlib.suppress(Exception):
-                self.cluster.kill(handle)
+            self._kill(handle)
 
     def lose(self, index: int, why: str, last_exit: str) -> None:
         """Marks slice `index` lost and starts retrying its replacement with backoff."""
