@@ -35,6 +35,16 @@ def _ffd_reference(lengths, seq_len, window):
     return rows
 
 
+def _assert_ffd_equals_the_reference(lengths, seq_len, window):
+    plan = pack_ffd(lengths, seq_len, window)
+    want = _ffd_reference(lengths, seq_len, window)
+    assert plan.num_sequences == len(want)
+    for q, row in enumerate(want):
+        lo, hi = plan.seq_start[q], plan.seq_start[q + 1]
+        got = zip(plan.row_offset[lo:hi], plan.pos[lo:hi], plan.offset[lo:hi], strict=True)
+        assert [tuple(int(v) for v in t) for t in got] == row
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_next_fit_equals_the_piece_by_piece_loop(seed):
     rng = np.random.default_rng(seed)
@@ -52,13 +62,7 @@ def test_ffd_equals_the_piece_by_piece_reference(seed):
     seq_len = int(rng.integers(3, 70))
     lengths = rng.integers(1, 3 * seq_len, int(rng.integers(1, 400)))
     window = int(rng.integers(1, 60))
-    plan = pack_ffd(lengths, seq_len, window)
-    want = _ffd_reference(lengths, seq_len, window)
-    assert plan.num_sequences == len(want)
-    for q, row in enumerate(want):
-        lo, hi = plan.seq_start[q], plan.seq_start[q + 1]
-        got = zip(plan.row_offset[lo:hi], plan.pos[lo:hi], plan.offset[lo:hi], strict=True)
-        assert [tuple(int(v) for v in t) for t in got] == row
+    _assert_ffd_equals_the_reference(lengths, seq_len, window)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -70,13 +74,7 @@ def test_ffd_of_long_documents_equals_the_reference(seed):
     lengths = rng.integers(1, 20 * seq_len, 14)
     lengths[::3] = seq_len * rng.integers(1, 6, len(lengths[::3]))
     window = int(rng.integers(1, 8))
-    plan = pack_ffd(lengths, seq_len, window)
-    want = _ffd_reference(lengths, seq_len, window)
-    assert plan.num_sequences == len(want)
-    for q, row in enumerate(want):
-        lo, hi = plan.seq_start[q], plan.seq_start[q + 1]
-        got = zip(plan.row_offset[lo:hi], plan.pos[lo:hi], plan.offset[lo:hi], strict=True)
-        assert [tuple(int(v) for v in t) for t in got] == row
+    _assert_ffd_equals_the_reference(lengths, seq_len, window)
 
 
 def test_ffd_pads_far_less_than_next_fit_on_mixed_lengths():

@@ -180,18 +180,24 @@ def _check_run(run_dir, reference_records, events):
     return status
 
 
-def test_a_killed_slice_shrinks_the_job_and_its_replacement_grows_it_back(tmp_path, reference):
+def _kill_one_slice(cluster, tmp_path, reference) -> dict:
+    """Runs the 3-slice job on `cluster`, SIGKILLs slice 1 mid-run, checks the run (see
+    `_check_run`) and returns its final status."""
     records, cache = reference
     run_dir = tmp_path / "run"
     events = {}
-    with fray.LocalCluster(heartbeat_timeout_s=600.0) as cluster:
+    with cluster:
         status = launch_multislice(
             _resolved(run_dir, cache),
             cluster=cluster,
             on_start=_interrupt_one_slice(run_dir, signal.SIGKILL, events),
         )
     assert status == 0, events
-    final = _check_run(run_dir, records, events)
+    return _check_run(run_dir, records, events)
+
+
+def test_a_killed_slice_shrinks_the_job_and_its_replacement_grows_it_back(tmp_path, reference):
+    final = _kill_one_slice(fray.LocalCluster(heartbeat_timeout_s=600.0), tmp_path, reference)
     assert final["slices"][1]["last_exit"] == "SIGKILL", final["slices"]
 
 
@@ -260,17 +266,8 @@ def test_a_killed_slice_shrinks_and_grows_back_on_ray(tmp_path, reference):
     """The same job on fray's Ray backend: each slice process is a Ray actor's worker."""
     from meltemi.fray.ray import RayCluster
 
-    records, cache = reference
-    run_dir = tmp_path / "run"
-    events = {}
-    with RayCluster(num_cpus=2, include_dashboard=False, heartbeat_timeout_s=600.0) as cluster:
-        status = launch_multislice(
-            _resolved(run_dir, cache),
-            cluster=cluster,
-            on_start=_interrupt_one_slice(run_dir, signal.SIGKILL, events),
-        )
-    assert status == 0, events
-    final = _check_run(run_dir, records, events)
+    cluster = RayCluster(num_cpus=2, include_dashboard=False, heartbeat_timeout_s=600.0)
+    final = _kill_one_slice(cluster, tmp_path, reference)
     # Ray's raylet, not the launcher, is the worker's parent: the launcher sees the actor
     # die, not the signal that killed it.
     lost = next(e for e in final["events"] if e["kind"] == "lost")
