@@ -2,6 +2,7 @@
 
 import gc
 import json
+import sys
 import weakref
 
 import ml_dtypes
@@ -167,3 +168,31 @@ def test_unsupported_dtype_names_the_tensor_and_the_fix(tmp_path):
 def test_directory_without_weights_is_an_error(tmp_path):
     with pytest.raises(SafetensorsError, match="neither model.safetensors.index.json"):
         Checkpoint(tmp_path)
+
+
+def _rss_anon() -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and madvise are Linux")
+def test_load_buffers_are_aligned_populated_and_adopted_by_device_put():
+    import jax
+
+    from meltemi.models import _host_memory
+
+    small = _host_memory.empty((3, 5), np.float32)
+    assert small.ctypes.data % 64 == 0 and small.shape == (3, 5)
+    before = _rss_anon()
+    big = _host_memory.empty((64, 1 << 16), ml_dtypes.bfloat16)  # 8 MiB, never written
+    # Populated by the kernel in one call, not page by page as it is written.
+    assert _rss_anon() - before >= 0.9 * big.nbytes
+    assert big.ctypes.data % 4096 == 0 and big.flags.c_contiguous
+    big[:] = 1
+    on_device = jax.device_put(big, jax.devices("cpu")[0])
+    assert on_device.unsafe_buffer_pointer() == big.ctypes.data  # adopted, not copied
+    del big
+    gc.collect()
+    assert float(on_device[-1, -1]) == 1.0

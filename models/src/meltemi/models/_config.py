@@ -42,6 +42,7 @@ ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")
 REMAT_POLICIES = ("none", "save_carries", "full", "offload")
 MOE_DISPATCH = ("dropless", "capacity")
 LOAD_BALANCING_SCOPES = ("all_layers", "per_layer")
+EP_EXCHANGES = ("auto", "dense", "ragged")
 ATTENTION_BACKENDS = ("auto", "xla", "dot_product_attention", "splash")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # Every n-th layer is global, the others slide (Hugging Face's default `layer_types`).
@@ -252,6 +253,9 @@ class MoeConfig:
             statistics, as `transformers` computes it, so HF- and Meltemi-trained models
             optimise the same objective) or `"per_layer"` (the mean of per-layer losses).
         router_z_coef: weight of the router z-loss (mean squared logsumexp of router logits).
+        ep_exchange: how expert parallelism moves tokens: `"dense"` (`all_to_all` of fixed
+            slots), `"ragged"` (`ragged_all_to_all` of exactly the routed rows; TPU and GPU
+            only) or `"auto"` (ragged where the platform compiles it, dense on CPU).
 
     >>> MoeConfig(num_experts=4, top_k=2, expert_dim=16).dispatch
     'dropless'
@@ -266,6 +270,7 @@ class MoeConfig:
     load_balancing_coef: float = 0.01
     router_z_coef: float = 0.001
     load_balancing_scope: Literal["all_layers", "per_layer"] = "all_layers"
+    ep_exchange: Literal["auto", "dense", "ragged"] = "auto"
 
     def __post_init__(self) -> None:
         _check_positive_ints(self, ("num_experts", "top_k", "expert_dim"))
@@ -300,6 +305,14 @@ class MoeConfig:
                 self.load_balancing_scope,
                 f"must be one of {LOAD_BALANCING_SCOPES}",
                 'MoeConfig(..., load_balancing_scope="all_layers")',
+            )
+        if self.ep_exchange not in EP_EXCHANGES:
+            _fail(
+                "MoeConfig",
+                "ep_exchange",
+                self.ep_exchange,
+                f"must be one of {EP_EXCHANGES}",
+                'MoeConfig(..., ep_exchange="auto")',
             )
         for name in ("load_balancing_coef", "router_z_coef"):
             if getattr(self, name) < 0:

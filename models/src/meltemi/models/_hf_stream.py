@@ -31,6 +31,7 @@ from jax.experimental import multihost_utils
 
 import meltemi.haliax as hax
 from meltemi.models import _hf_keys as K
+from meltemi.models import _host_memory
 from meltemi.models._config import ModelConfig
 from meltemi.models._safetensors import Checkpoint, PendingTensor
 
@@ -113,15 +114,6 @@ def _piece_array(
     return jax.make_array_from_callback(template.array.shape, sharding, callback, dtype=dtype)
 
 
-def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    # 64-byte aligned: jax.device_put on CPU then adopts the buffer instead of copying it.
-    nbytes = math.prod(shape) * dtype.itemsize
-    raw = np.empty(nbytes + _ALIGN, np.uint8)
-    skip = -raw.ctypes.data % _ALIGN
-    return raw[skip : skip + nbytes].view(dtype).reshape(shape)
-
-
-_ALIGN = 64
 _WORKERS = 2
 
 
@@ -153,7 +145,7 @@ def _piece_array_local(
         ranges = _ranges(index, axes)
         ident = tuple((r.start, r.stop) for r in ranges.values())
         if ident not in pieces:
-            buffer = _aligned_empty(tuple(len(ranges[n]) for n in names), dtype)
+            buffer = _host_memory.empty(tuple(len(ranges[n]) for n in names), dtype)
             pieces[ident] = (ranges, buffer)
         device_keys.append((device, ident))
     lead_sizes = [sizes[n] for n in lead]
@@ -180,7 +172,7 @@ def _piece_array_local(
     for device, ident in device_keys:
         buffer = pieces[ident][1]
         if ident in used:  # a replicated piece: each device gets its own buffer
-            copy = _aligned_empty(buffer.shape, dtype)
+            copy = _host_memory.empty(buffer.shape, dtype)
             np.copyto(copy, buffer)
             buffer = copy
         used.add(ident)

@@ -33,7 +33,7 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, which safe_open 
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from meltemi.models import _storage
+from meltemi.models import _host_memory, _storage
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -162,7 +162,7 @@ class Checkpoint:
         nbytes = math.prod(info.shape) * info.dtype.itemsize
         if self._scratch is None or self._scratch.nbytes < nbytes:
             self._scratch = None
-            self._scratch = np.empty(nbytes, np.uint8)
+            self._scratch = _host_memory.empty((nbytes,), np.uint8)
         target = self._scratch[:nbytes]
         if info.file not in self._files:
             self._files[info.file] = os.open(info.file, os.O_RDONLY)
