@@ -14,6 +14,19 @@ the standard bandwidth model, with n the size of its replica group: a ring all-r
 2(n-1)/n x its size, an all-gather (n-1)/n x its result, a reduce-scatter (n-1)/n x its input,
 an all-to-all (n-1)/n x its size (the chunk for itself stays), a collective-permute its size.
 
+`ragged` (`MoeConfig.ep_exchange="ragged"`, the all-to-all mapping): XLA:CPU cannot compile
+`ragged_all_to_all`, so its bytes are not read from a compiled program but computed from the
+routing of this batch, which is what the real op moves: the forward pass runs with the op
+lowered by `_ragged.emulate`, and each device's send and receive sizes are recorded in every
+layer. Per device and layer: its rows to other devices' experts plus the result rows it
+returns to other devices, times `hidden * 4` bytes (the rows it keeps for itself do not
+travel); the mean over layers (the dense counts above are per layer too), plus the wire bytes
+of the program's other collectives (compiled with the emulator: the all-gather of the
+`n x E` int32 counts, the router weights' gather, the loss' reductions; the emulator's own
+all-to-alls are left out). Reported: the max and mean over the 8 devices, for the capacity
+path (the config above: only kept rows travel) and dropless (every assignment travels), with
+the static receive-buffer size.
+
     python models/benchmarks/moe_ep_bench.py
 """
 
@@ -115,6 +128,73 @@ def _child() -> dict:
             sharded = hax.shard(model, mapping, mesh)
             hlo = step.lower(sharded, tokens).lowered.compile().as_text()
             out[name][ep] = breakdown(hlo)
+    out["ragged"] = {
+        dispatch: _ragged_traffic(cfg.replace(moe=cfg.moe.replace(dispatch=dispatch)), tokens)
+        for dispatch in ("capacity", "dropless")
+    }
+    return out
+
+
+def _ragged_traffic(cfg, tokens) -> dict:
+    """Per EP size: bytes each device sends in the ragged exchange of `cfg` on `tokens`."""
+    import equinox as eqx
+    import jax
+    import numpy as np
+
+    import meltemi.haliax as hax
+    import meltemi.models as mm
+    from meltemi.models import _ragged
+
+    cfg = cfg.replace(moe=cfg.moe.replace(ep_exchange="ragged"))
+    model = mm.init(cfg, key=jax.random.key(0))  # the same weights as the dense runs
+    real = _ragged.dispatch
+    out = {}
+    for ep in (2, 4, 8):
+        records, static = [], {}
+
+        def spy(rows, lay, buffer_rows, axis, records=records, static=static):
+            static.update(row_bytes=rows.shape[1] * rows.dtype.itemsize, buffer=buffer_rows)
+            where = (jax.lax.axis_index("data"), jax.lax.axis_index(axis))
+            record = lambda *arrays: records.append([np.asarray(a) for a in arrays])  # noqa: E731
+            jax.debug.callback(record, *where, lay.send_sizes, lay.recv_sizes)
+            return real(rows, lay, buffer_rows, axis)
+
+        _ragged.dispatch = spy
+        mapping = {"batch": ("data", "expert"), "experts": "expert"}
+        mesh = hax.partitioning.make_mesh({"data": 8 // ep, "expert": ep})
+        step = hax.named_jit(eqx.Partial(lambda m, t: m.loss(t)), mapping, mesh=mesh)
+        sharded = hax.shard(model, mapping, mesh)
+        try:
+            with _ragged.emulated_on_cpu():
+                hlo = step.lower(sharded, tokens).lowered.compile().as_text()
+                jax.block_until_ready(step(sharded, tokens))
+        finally:
+            _ragged.dispatch = real
+        # The program's other collectives (the counts' all-gather, the router weights' gather,
+        # the loss' reductions): its all-to-alls are the emulator's, replaced by `rows` below.
+        other = sum(v for k, v in breakdown(hlo)["wire"].items() if k != "all-to-all")
+        per_device: dict[tuple[int, int], list[float]] = {}
+        sent = 0
+        assignments = tokens.array.size // 8 * cfg.moe.top_k  # per device and layer
+        dropless = cfg.moe.dispatch == "dropless"
+        for data, me, send, recv in records:
+            # Dropless sends every assignment, the capacity path at most all of them.
+            assert send.sum() == assignments if dropless else send.sum() <= assignments
+            sent += int(send.sum())
+            own = slice(int(me) * len(send) // ep, (int(me) + 1) * len(send) // ep)
+            # To other devices' experts, then the results of other devices' rows back.
+            rows = send.sum() - send[own].sum() + recv.sum() - recv[own].sum()
+            per_device.setdefault((int(data), int(me)), []).append(float(rows))
+        assert len(per_device) == 8 and len({len(v) for v in per_device.values()}) == 1
+        # Mean over layers, in bytes, plus the other collectives.
+        wire = [sum(v) / len(v) * static["row_bytes"] + other for v in per_device.values()]
+        out[ep] = {
+            "max": round(max(wire)),
+            "mean": round(sum(wire) / len(wire)),
+            "other_collectives": other,
+            "kept_fraction": round(sent / (len(records) * assignments), 3),
+            "receive_buffer_bytes": static["buffer"] * static["row_bytes"],
+        }
     return out
 
 
@@ -124,8 +204,10 @@ def measure() -> dict:
         [sys.executable, __file__, "--child"], env=env, check=True, capture_output=True, text=True
     )
     raw = json.loads(proc.stdout.strip().splitlines()[-1])
+    ragged = raw.pop("ragged")
     result = {k: {ep: sum(v["result"].values()) for ep, v in raw[k].items()} for k in raw}
     wire = {k: {ep: sum(v["wire"].values()) for ep, v in raw[k].items()} for k in raw}
+    before8 = wire["before"]["8"]
     return {
         "moe_ep_collective_bytes_per_device": result["all_to_all"],
         "moe_ep_collective_bytes_per_device_before": result["before"],
@@ -134,6 +216,12 @@ def measure() -> dict:
         "moe_ep_wire_bytes_per_device_before": wire["before"],
         "moe_ep8_wire_over_before": round(wire["all_to_all"]["8"] / wire["before"]["8"], 3),
         "moe_ep8_bytes_by_kind": {k: raw[k]["8"] for k in raw},
+        "moe_ep_ragged_wire_bytes_per_device": ragged["capacity"],
+        "moe_ep8_ragged_wire_over_before": round(ragged["capacity"]["8"]["max"] / before8, 3),
+        "moe_ep_ragged_dropless_wire_bytes_per_device": ragged["dropless"],
+        "moe_ep8_ragged_dropless_wire_over_before": round(
+            ragged["dropless"]["8"]["max"] / before8, 3
+        ),
     }
 
 

@@ -76,6 +76,7 @@ class MoeMlp(eqx.Module):
                 top_k=self.moe.top_k,
                 normalize=self.moe.norm_topk_prob,
                 capacity=capacity,
+                exchange=self.moe.ep_exchange,
             )
             y = hax.named(out, x.axes)
             dropped = jnp.mean(jnp.logical_not(kept).astype(jnp.float32))

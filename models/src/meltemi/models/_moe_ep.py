@@ -26,6 +26,13 @@ once to each device holding one of its experts (`[n, b, S, D]` per all-to-all), 
 place of each slot's token and its combine weight (`E * b * C` integers and floats), and each
 device returns one weighted sum per token. Same slots and drops; `n * S / (E * C)` of the
 slot exchange's traffic (0.8x at EP = 2 with top-2 of 8 and capacity 1.25; 1/4 dropless).
+
+With `MoeConfig.ep_exchange="ragged"` (the `"auto"` choice on TPU and GPU) no slot travels:
+each device sends exactly its kept (token, expert) rows with `jax.lax.ragged_all_to_all`
+and gets their results back the same way (`_ragged`), `A <= b * S * k` rows each way
+instead of `E * b * C`. The experts run on the received rows with `jax.lax.ragged_dot`. Both
+dispatch modes: `"capacity"` sends the assignments the capacity path keeps (same drops),
+`"dropless"` sends all of them (exactly the dropless function).
 """
 
 from __future__ import annotations
@@ -41,7 +48,36 @@ from jax.sharding import PartitionSpec as P
 
 import meltemi.haliax as hax
 from meltemi.models import _moe_kernels as K
+from meltemi.models import _ragged
 from meltemi.models._axes import BATCH, EMBED, EXPERTS, POSITION
+from meltemi.models._config import ConfigError
+
+RAGGED_PLATFORMS = ("tpu", "gpu", "cuda", "rocm")
+"""Platforms whose XLA compiles `ragged_all_to_all` (XLA:CPU does not, jax 0.10.2)."""
+
+
+def _platform() -> str:
+    """The platform the computation runs on (`cpu`, `gpu`, `tpu`); patched by tests."""
+    return jax.default_backend()
+
+
+def resolve_exchange(exchange: str) -> str:
+    """The exchange that runs, `"dense"` or `"ragged"`, for a `MoeConfig.ep_exchange` value.
+
+    `"auto"` picks `"ragged"` on TPU and GPU and `"dense"` elsewhere; an explicit `"ragged"`
+    where XLA cannot compile `ragged_all_to_all` is an error naming the field and the fix.
+    """
+    platform = _platform()
+    if exchange == "auto":
+        return "ragged" if platform in RAGGED_PLATFORMS else "dense"
+    if exchange == "ragged" and platform not in RAGGED_PLATFORMS and not _ragged.emulating():
+        raise ConfigError(
+            f"MoeConfig.ep_exchange='ragged': jax.lax.ragged_all_to_all does not compile on "
+            f"{platform!r} (only on {', '.join(RAGGED_PLATFORMS)}). Fix: "
+            "MoeConfig(..., ep_exchange='auto') (ragged where it compiles, dense elsewhere) "
+            "or ep_exchange='dense'"
+        )
+    return exchange
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +145,7 @@ def moe(
     top_k: int,
     normalize: bool,
     capacity: int,
+    exchange: str = "dense",
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """Routing and the expert MLP with all-to-all dispatch.
 
@@ -120,6 +157,7 @@ def moe(
         act: the gate activation.
         top_k, normalize: routing (`_moe_kernels.route`).
         capacity: slots per expert and sequence (`S` for dropless).
+        exchange: a `MoeConfig.ep_exchange` value (`resolve_exchange`).
 
     Returns:
         `(y [B, S, D], kept [B, S, K], probs [B, S, E], experts [B, S, K])`. Routing runs on
@@ -127,6 +165,7 @@ def moe(
     """
     num_experts = w_gate.shape[0]
     n = ep.size
+    ragged = resolve_exchange(exchange) == "ragged"
     batch = ep.batch if len(ep.batch) > 1 else ep.batch[0]
     tokens = P(batch, None, None)
     expert_w = P(ep.axis, None, None)
@@ -141,6 +180,11 @@ def moe(
     def local(x, logits, w_gate, w_up, w_down):
         probs, weights, experts = K.route(logits, top_k, normalize=normalize)
         weights = weights.astype(x.dtype)
+        if ragged:
+            y, kept = _ragged_moe(
+                x, weights, experts, capacity, n, ep.axis, w_gate, w_up, w_down, act
+            )
+            return y, kept, probs, experts
         dispatch, combine, kept = K.capacity_dispatch(weights, experts, num_experts, capacity)
         expert = functools.partial(_experts, w_gate=w_gate, w_up=w_up, w_down=w_down, act=act)
         if x.shape[1] < (num_experts // n) * capacity:
@@ -150,6 +194,50 @@ def moe(
         return y, kept, probs, experts
 
     return local(x, logits, w_gate, w_up, w_down)
+
+
+def buffer_rows(n: int, tokens: int, top_k: int, num_experts: int, slots: int) -> int:
+    """Rows of a device's receive buffer in the ragged exchange: the most it can receive.
+
+    Each of n sources sends a token at most `min(top_k, E/n)` times to one device (a token's
+    experts are distinct), and at most `slots` (= b * C) rows per expert: so
+    `min(n * tokens * min(top_k, E/n), E * slots)`. Static and never exceeded, so nothing is
+    lost. Dropless pays up to `n * min(top_k, E/n) / top_k` times the mean load in memory (not
+    in traffic: only filled rows travel); the capacity path at most the dense path's
+    `E * b * C` slots.
+    """
+    return min(n * tokens * min(top_k, num_experts // n), num_experts * slots)
+
+
+def _ragged_moe(x, weights, experts, capacity, n, axis, w_gate, w_up, w_down, act):
+    """One device's ragged exchange: its kept rows to their experts' devices and back.
+
+    Same sort and grouped matmuls as `_moe_kernels.dropless`, with the chunks of other
+    devices' experts sent away and other devices' rows for mine received in their place.
+    """
+    b, s, d = x.shape
+    top_k = experts.shape[-1]
+    num_experts = n * w_gate.shape[0]
+    if capacity >= s:  # no expert can receive more than S assignments of a sequence
+        kept = jnp.ones(experts.shape, bool)
+    else:
+        kept = K.capacity_dispatch(weights, experts, num_experts, capacity)[2]
+    key = jnp.where(kept, experts, num_experts).reshape(-1)  # dropped rows sort last, unsent
+    order = jnp.argsort(key, stable=True)
+    token_of = order // top_k
+    rows = jnp.take(x.reshape(b * s, d), token_of, axis=0)
+    counts = jnp.zeros((num_experts,), jnp.int32).at[key].add(1, mode="drop")
+    lay = _ragged.layout(jax.lax.all_gather(counts, axis), jax.lax.axis_index(axis))
+    size = buffer_rows(n, b * s, top_k, num_experts, b * capacity)
+    received = _ragged.dispatch(rows, lay, size, axis)
+    # Rows past sum(group_sizes) hold nothing and are never sent back (nor their gradients).
+    gate = jax.lax.ragged_dot(received, w_gate, lay.group_sizes)
+    up = jax.lax.ragged_dot(received, w_up, lay.group_sizes)
+    out = jax.lax.ragged_dot((act(gate) * up).astype(x.dtype), w_down, lay.group_sizes)
+    back = _ragged.give_back(out, lay, rows.shape[0], axis)
+    back = back * jnp.take(weights.reshape(-1), order)[:, None].astype(back.dtype)
+    y = jnp.zeros((b * s, d), back.dtype).at[token_of].add(back)
+    return y.reshape(b, s, d).astype(x.dtype), kept
 
 
 def _experts(received, *, w_gate, w_up, w_down, act):

@@ -1,0 +1,177 @@
+"""The ragged exchange of expert parallelism (`MoeConfig.ep_exchange="ragged"`), and an exact
+emulator of `jax.lax.ragged_all_to_all` built from dense collectives, for CPU tests.
+
+Inside the `shard_map` of `_moe_ep`, device d of the expert axis (size n, `El = E / n` experts
+each) sorts its kept (token, expert) assignments by expert, so the rows for expert e form one
+contiguous chunk, and the chunks for device g's experts follow one another. `counts[s, e]`,
+the rows device s sends to expert e, is all-gathered (`n * E` integers); from it every device
+computes the same offsets (`layout`):
+
+| call | chunk i of device d (`E` chunks; chunk i goes to device `i // El`) | lands at |
+|---|---|---|
+| dispatch | d's rows for expert `i` (`counts[d, i]` of them) | `start(i) + rows of sources < d` |
+| return | results for source `i // El`, d's expert `i % El` | where that source took them from |
+
+`start(e)` is the number of rows all sources send to the experts of `e`'s device below `e`.
+So the receive buffer is grouped by local expert (what `jax.lax.ragged_dot` needs) with no
+local permutation, and the return call is the dispatch call with offsets and sizes swapped
+(which is also the primitive's transpose rule, so gradients use the same exchange).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+_EMULATING = False
+"""True while `emulated_on_cpu` is active: `"ragged"` is then allowed on CPU (tests only)."""
+
+
+class Layout(NamedTuple):
+    """Arguments of the two `ragged_all_to_all` calls on one device (each `[E]` int32, chunk
+    `i` addressed to device `i // El`) and the group sizes of its local experts (`[El]`)."""
+
+    send_offsets: jax.Array  # where my rows for expert i start in my sorted rows
+    send_sizes: jax.Array  # how many rows I send to expert i
+    dest_offsets: jax.Array  # where they land in the receiver's buffer
+    recv_offsets: jax.Array  # where chunk (source i // El, my expert i % El) sits in my buffer
+    recv_sizes: jax.Array  # its size
+    return_offsets: jax.Array  # where its results go back to in the source's rows
+    group_sizes: jax.Array  # rows per local expert in my buffer
+
+
+def _exclusive_cumsum(x: jax.Array, axis: int) -> jax.Array:
+    return jnp.cumsum(x, axis=axis) - x
+
+
+def layout(counts: jax.Array, me: jax.Array) -> Layout:
+    """Offsets and sizes of both exchanges on device `me` from the gathered `counts [n, E]`
+    (`counts[s, e]`: rows device s sends to expert e).
+
+    >>> import jax.numpy as jnp
+    >>> lay = layout(jnp.array([[1, 2, 0, 3], [2, 0, 1, 1]]), jnp.int32(1))  # n=2, E=4
+    >>> lay.send_sizes.tolist(), lay.dest_offsets.tolist(), lay.recv_sizes.tolist()
+    ([2, 0, 1, 1], [1, 5, 0, 4], [0, 3, 1, 1])
+    >>> lay.recv_offsets.tolist(), lay.return_offsets.tolist(), lay.group_sizes.tolist()
+    ([0, 1, 0, 4], [3, 3, 2, 3], [1, 4])
+    """
+    n, num_experts = counts.shape
+    local = num_experts // n
+    counts = counts.astype(jnp.int32)
+    source_offsets = _exclusive_cumsum(counts, axis=1)  # [s, e]: in source s's sorted rows
+    total = jnp.sum(counts, axis=0).reshape(n, local)  # rows per expert, by device
+    base = _exclusive_cumsum(total, axis=1).reshape(num_experts)  # expert e's start on its device
+    buffer_offsets = base[None, :] + _exclusive_cumsum(counts, axis=0)  # [s, e]: on e's device
+
+    def mine(a: jax.Array) -> jax.Array:  # [s, e] -> chunk (s, my local expert) -> [n * El]
+        return jax.lax.dynamic_index_in_dim(a.reshape(n, n, local), me, 1, False).reshape(-1)
+
+    return Layout(
+        send_offsets=source_offsets[me],
+        send_sizes=counts[me],
+        dest_offsets=buffer_offsets[me],
+        recv_offsets=mine(buffer_offsets),
+        recv_sizes=mine(counts),
+        return_offsets=mine(source_offsets),
+        group_sizes=jax.lax.dynamic_index_in_dim(total, me, 0, False),
+    )
+
+
+def dispatch(rows: jax.Array, lay: Layout, buffer_rows: int, axis: str) -> jax.Array:
+    """Sends each of my sorted `rows [A, D]` to its expert's device: `[buffer_rows, D]`,
+    grouped by local expert (rows past `sum(lay.group_sizes)` are zero)."""
+    out = jnp.zeros((buffer_rows, *rows.shape[1:]), rows.dtype)
+    return jax.lax.ragged_all_to_all(
+        rows, out, lay.send_offsets, lay.send_sizes, lay.dest_offsets, lay.recv_sizes,
+        axis_name=axis,
+    )  # fmt: skip
+
+
+def give_back(results: jax.Array, lay: Layout, num_rows: int, axis: str) -> jax.Array:
+    """The inverse route of `dispatch`: each result row returns to its place in its source's
+    sorted rows (`[num_rows, D]`; rows that were not sent stay zero)."""
+    out = jnp.zeros((num_rows, *results.shape[1:]), results.dtype)
+    return jax.lax.ragged_all_to_all(
+        results, out, lay.recv_offsets, lay.recv_sizes, lay.return_offsets, lay.send_sizes,
+        axis_name=axis,
+    )  # fmt: skip
+
+
+def emulate(
+    operand: jax.Array,
+    output: jax.Array,
+    input_offsets: jax.Array,
+    send_sizes: jax.Array,
+    output_offsets: jax.Array,
+    recv_sizes: jax.Array,
+    *,
+    axis_name: str | tuple[str, ...],
+    axis_index_groups: object = None,
+) -> jax.Array:
+    """`jax.lax.ragged_all_to_all` from dense ops (its docstring's pseudocode), differentiable.
+
+    Each sender packs its N chunks into `[N, rows, ...]` (rows = its operand's length, zeros
+    past each chunk's size), one dense `all_to_all` delivers chunk i to device
+    `i // (N / n)`, and each receiver writes `recv_sizes[i]` rows of the i-th chunk it got at
+    the offset its sender gave (`all_to_all(output_offsets)`). It moves n times the data of
+    the real op: a test tool, never a substitute on real hardware.
+
+    Args:
+        operand: `[rows, ...]` the sender's data.
+        output: `[M, ...]` the receiver's buffer, returned with the received chunks written.
+        input_offsets, send_sizes: `[N]` where each sent chunk starts in `operand`, its size.
+        output_offsets: `[N]` where each sent chunk starts on its receiver.
+        recv_sizes: `[N]` the size of each received chunk.
+        axis_name: the mapped axis.
+        axis_index_groups: unsupported (must be None).
+    """
+    if axis_index_groups is not None:
+        raise NotImplementedError("emulate: axis_index_groups are not supported")
+    n = jax.lax.psum(1, axis_name)
+    chunks, rows = send_sizes.shape[0], operand.shape[0]
+    r = jnp.arange(rows)
+    trailing = (1,) * (operand.ndim - 1)
+    taken = jnp.take(operand, jnp.clip(input_offsets[:, None] + r, 0, rows - 1), axis=0)
+    valid = (r < send_sizes[:, None]).reshape(chunks, rows, *trailing)
+    packed = jnp.where(valid, taken, jnp.zeros((), operand.dtype))
+    packed = packed.reshape(n, chunks // n, rows, *operand.shape[1:])
+    got = jax.lax.all_to_all(packed, axis_name, 0, 0).reshape(chunks * rows, *operand.shape[1:])
+    offsets = jax.lax.all_to_all(output_offsets, axis_name, 0, 0, tiled=True)
+    where = jnp.where(r < recv_sizes[:, None], offsets[:, None] + r, output.shape[0])
+    return output.at[where.reshape(-1)].set(got.astype(output.dtype), mode="drop")
+
+
+@contextlib.contextmanager
+def emulated_on_cpu() -> Iterator[None]:
+    """Within: `ragged_all_to_all` compiles on CPU, lowered as `emulate` (tests only).
+
+    The primitive stays the real one, so its JVP and transpose rules run (the backward pass
+    is made of `ragged_all_to_all`s too); only the CPU lowering of each one is swapped. Calls
+    must trace and compile inside the block.
+    """
+    global _EMULATING
+    from jax._src.interpreters import mlir
+    from jax._src.lax import parallel
+
+    table = mlir._platform_specific_lowerings["cpu"]
+    prim = parallel.ragged_all_to_all_p
+    before = table.get(prim)
+    mlir.register_lowering(prim, mlir.lower_fun(emulate, multiple_results=False), "cpu")
+    _EMULATING = True
+    try:
+        yield
+    finally:
+        _EMULATING = False
+        if before is None:
+            table.pop(prim, None)
+        else:
+            table[prim] = before
+
+
+def emulating() -> bool:
+    """Whether `emulated_on_cpu` is active."""
+    return _EMULATING
