@@ -1,4 +1,5 @@
-"""`hf.save` in a multi-process run: every process contributes its pieces, only process 0 writes.
+"""`hf.save` and `hf.load` in a multi-process run: saving, every process contributes its pieces
+and only process 0 writes; loading, every process reads only the rows its devices need.
 
 Two CPU processes (4 virtual devices each) join with `jax.distributed.initialize` on
 127.0.0.1; the model is sharded over all 8 devices, so no process holds a whole tensor.
@@ -44,35 +45,53 @@ hf.save(model, None, out)
 print("saved", jax.process_index(), flush=True)
 """
 
+LOAD_WORKER = r"""
+import json, os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["JAX_PLATFORMS"] = "cpu"
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+port, pid, root = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid,
+                           initialization_timeout=120)
+import numpy as np
+import meltemi.haliax as hax
+from meltemi.models import _safetensors, hf
+from test_hf_multiprocess import LOADS, random_model
+reads = []
+original = _safetensors.Checkpoint.read_rows
+def counting(self, name, start=0, stop=None):
+    out = original(self, name, start, stop)
+    reads[-1].append((name, start, start + len(out)))
+    return out
+_safetensors.Checkpoint.read_rows = counting
+mesh = jax.make_mesh((8,), ("data",))
+is_named = lambda x: isinstance(x, hax.NamedArray)
+for kind, (config, mapping) in LOADS.items():
+    reads.append([])
+    model, _ = hf.load(os.path.join(root, kind), mesh=mesh, axis_mapping=mapping)
+    split = 0
+    for got, want in zip(jax.tree.leaves(model, is_leaf=is_named),
+                         jax.tree.leaves(random_model(config), is_leaf=is_named), strict=True):
+        spec = hax.partitioning.pspec_for_axis(got.axes, mapping, mesh)
+        assert got.array.sharding == jax.sharding.NamedSharding(mesh, spec), got.axes
+        split += not got.array.is_fully_addressable
+        for shard in got.array.addressable_shards:
+            np.testing.assert_array_equal(np.asarray(shard.data), want.array[shard.index])
+    assert split >= 3, (kind, split)
+print(json.dumps(dict(zip(LOADS, reads))), flush=True)
+"""
 
-CONFIG = mm.get_preset("tiny-llama").replace(
-    hidden_dim=32, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_dim=48
-)
-MAPPING = {"embed": "data", "mlp": "data"}
 
-
-def random_model():
-    """Seeded numpy weights (no compiled initialiser: fast, and equal in every process)."""
-    shapes = jax.eval_shape(lambda k: mm.init(CONFIG, key=k), jax.random.key(0))
-    rng = np.random.default_rng(0)
-    return jax.tree.map(lambda s: rng.standard_normal(s.shape).astype(s.dtype), shapes)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_two_processes_save_one_checkpoint(tmp_path):
+def _run_two(script, *args) -> list[str]:
+    """Runs `script` as processes 0 and 1 of a 2-process job; their outputs."""
     port = _free_port()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(pathlib.Path(__file__).parent), *sys.path])
     env.pop("XLA_FLAGS", None)
-    outs = [tmp_path / f"out{i}" for i in range(2)]
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", WORKER, str(port), str(i), str(outs[i])],
+            [sys.executable, "-c", script, str(port), str(i), *(str(a(i)) for a in args)],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -90,6 +109,39 @@ def test_two_processes_save_one_checkpoint(tmp_path):
             raise
     for p, log in zip(procs, logs, strict=True):
         assert p.returncode == 0, log[-3000:]
+    return logs
+
+
+CONFIG = mm.get_preset("tiny-llama").replace(
+    hidden_dim=32, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_dim=48
+)
+MAPPING = {"embed": "data", "mlp": "data"}
+MOE_CONFIG = CONFIG.replace(
+    family="mixtral",
+    intermediate_dim=16,
+    moe=mm.get_preset("tiny-mixtral").moe.replace(num_experts=8, expert_dim=16),
+)
+# What the load test loads: FSDP (row- and column-sharded tensors), and experts split over the
+# processes (each process needs only its own experts' tensors).
+LOADS = {"dense": (CONFIG, MAPPING), "moe": (MOE_CONFIG, {"experts": "data"})}
+
+
+def random_model(config=CONFIG):
+    """Seeded numpy weights (no compiled initialiser: fast, and equal in every process)."""
+    shapes = jax.eval_shape(lambda k: mm.init(config, key=k), jax.random.key(0))
+    rng = np.random.default_rng(0)
+    return jax.tree.map(lambda s: rng.standard_normal(s.shape).astype(s.dtype), shapes)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_save_one_checkpoint(tmp_path):
+    outs = [tmp_path / f"out{i}" for i in range(2)]
+    _run_two(WORKER, lambda i: outs[i])
     # Process 1 contributed to the gathers but wrote nothing; process 0 wrote everything.
     assert not outs[1].exists()
     index = json.loads((outs[0] / "model.safetensors.index.json").read_text())
@@ -99,6 +151,65 @@ def test_two_processes_save_one_checkpoint(tmp_path):
     assert sorted(got) == sorted(expect)
     for k, v in expect.items():
         np.testing.assert_array_equal(got[k], v, err_msg=k)
+
+
+@pytest.fixture(scope="module")
+def two_process_loads(tmp_path_factory):
+    """Both processes' reads (`(tensor, start row, stop row)`) per checkpoint of `LOADS`; the
+    workers themselves check that each gets exactly the checkpoint's values on its devices."""
+    root = tmp_path_factory.mktemp("loads")
+    for kind, (config, _) in LOADS.items():
+        hf.save(random_model(config), None, root / kind)
+    logs = _run_two(LOAD_WORKER, lambda i: root)
+    reads = [json.loads(log.strip().splitlines()[-1]) for log in logs]
+    return root, {kind: [process[kind] for process in reads] for kind in LOADS}
+
+
+def test_two_processes_load_each_only_the_rows_of_its_devices(two_process_loads):
+    """Each process reads every tensor at most once, and of a tensor split by rows (`o_proj`,
+    `down_proj`: rows = `embed`) only its half: together they read each such tensor once."""
+    root, loads = two_process_loads
+    ckpt = _safetensors.Checkpoint(root / "dense")
+    reads = loads["dense"]
+    row_bytes = {k: t.dtype.itemsize * int(np.prod(t.shape[1:])) for k, t in ckpt.tensors.items()}
+    total = sum(int(np.prod(t.shape)) * t.dtype.itemsize for t in ckpt.tensors.values())
+    for process in reads:
+        names = [name for name, _, _ in process]
+        assert sorted(names) == sorted(ckpt.tensors)  # each tensor once
+        fetched = sum((stop - start) * row_bytes[name] for name, start, stop in process)
+        assert fetched < total
+    by_rows = [
+        name for name in ckpt.tensors if name.endswith(("o_proj.weight", "down_proj.weight"))
+    ]
+    assert by_rows
+    for name in by_rows:
+        rows = ckpt.tensors[name].shape[0]
+        halves = [next((a, b) for n, a, b in process if n == name) for process in reads]
+        assert halves == [(0, rows // 2), (rows // 2, rows)], (name, halves)
+
+
+def test_two_processes_read_only_their_own_experts(two_process_loads):
+    """Experts split over the processes: each reads only its 4 experts' tensors (whole) and
+    router rows, and every other tensor (replicated) once."""
+    root, loads = two_process_loads
+    ckpt = _safetensors.Checkpoint(root / "moe")
+    experts = MOE_CONFIG.moe.num_experts
+    for process, reads in enumerate(loads["moe"]):
+        names = [name for name, _, _ in reads]
+        assert len(names) == len(set(names))
+        own = range(process * experts // 2, (process + 1) * experts // 2)
+        for n, a, b in reads:  # the router's rows are the experts: only its own; others whole
+            router = n.endswith("block_sparse_moe.gate.weight")
+            want = (own.start, own.stop) if router else (0, ckpt.tensors[n].shape[0])
+            assert (a, b) == want, (n, a, b)
+
+        def wanted(name, own=own):
+            if ".experts." not in name:
+                return True
+            return int(name.split(".experts.")[1].split(".")[0]) in own
+
+        assert sorted(names) == sorted(n for n in ckpt.tensors if wanted(n))
+        assert any(".experts." in n for n in names)
 
 
 def test_non_writing_processes_produce_every_tensor_and_write_nothing(tmp_path):

@@ -6,17 +6,25 @@ takes: `etils.epath` for the JSON files, fsspec ranged reads (`cat_file(path, st
 for tensors. It records every ranged read, so the tests can see that loading reads slices.
 """
 
+import collections
+import math
 import os
 
-import fsspec
-import jax
-import numpy as np
-import pytest
-from fsspec.implementations.dirfs import DirFileSystem
-from fsspec.implementations.local import LocalFileSystem
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+)
 
-import meltemi.models as mm
-from meltemi.models import _safetensors, _storage, hf
+import fsspec  # noqa: E402
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from fsspec.implementations.dirfs import DirFileSystem  # noqa: E402
+from fsspec.implementations.local import LocalFileSystem  # noqa: E402
+
+import meltemi.haliax as hax  # noqa: E402
+import meltemi.models as mm  # noqa: E402
+from meltemi.haliax import partitioning  # noqa: E402
+from meltemi.models import _safetensors, _storage, hf  # noqa: E402
 
 _ROOT = "MELTEMI_TEST_BUCKET_ROOT"
 READS: list[tuple[str, int, int]] = []
@@ -111,6 +119,34 @@ def test_a_bucket_checkpoint_is_read_in_slices(model, bucket):
     assert max(r[2] for r in data_reads) < min(sizes.values())
     total = sum(r[2] for r in reads)
     assert tensor_bytes <= total <= sum(sizes.values())
+
+
+def test_a_sharded_load_from_a_bucket_reads_each_tensor_once_not_per_piece(model, bucket):
+    hf.save(model, None, "gs://b/mesh-ckpt", max_shard_bytes=40_000)
+    ckpt = _safetensors.Checkpoint("gs://b/mesh-ckpt")
+    mesh = partitioning.make_mesh({"data": 2, "model": 4})
+    mapping = {"embed": "data", "mlp": "model"}
+    READS.clear()
+    loaded, _ = hf.load("gs://b/mesh-ckpt", mesh=mesh, axis_mapping=mapping)
+    # Each data read lies inside one tensor; eight devices hold pieces of most tensors, yet
+    # each tensor is fetched by exactly one ranged read of all its bytes.
+    spans = {
+        (info.file.name, info.start): (name, math.prod(info.shape) * info.dtype.itemsize)
+        for name, info in ckpt.tensors.items()
+    }
+    per_tensor = collections.Counter()
+    for path, start, size in READS:
+        for (file, first), (name, nbytes) in spans.items():
+            if path.endswith(file) and first <= start < first + max(nbytes, 1):
+                assert (start, size) == (first, nbytes), name
+                per_tensor[name] += 1
+    assert per_tensor == dict.fromkeys(ckpt.tensors, 1)
+    split = 0
+    leaves = jax.tree.leaves(loaded, is_leaf=hax.is_named_array)
+    for got, want in zip(leaves, jax.tree.leaves(model, is_leaf=hax.is_named_array), strict=True):
+        split += not got.array.sharding.is_fully_replicated
+        np.testing.assert_array_equal(np.asarray(got.array), np.asarray(want.array))
+    assert split >= 4  # the mapping really splits several parameters into pieces
 
 
 def test_an_unknown_scheme_names_the_package_to_install(bucket):

@@ -1,4 +1,4 @@
-"""`hf.load` with a mesh: every parameter is created with its NamedSharding, read per device."""
+"""`hf.load` with a mesh: each parameter gets its NamedSharding; each tensor is read once."""
 
 import os
 
@@ -68,20 +68,23 @@ def test_sharded_load_follows_the_active_mesh_and_mapping(mesh, tmp_path):
     assert "model" in tuple(gate.array.sharding.spec)
 
 
+@pytest.mark.parametrize("name", ["tiny-mixtral", "tiny-gpt2"])
 def test_each_tensor_is_read_once_for_all_devices_into_their_own_buffers(
-    mesh, tmp_path, monkeypatch
+    name, mesh, tmp_path, monkeypatch
 ):
-    mapping = {"embed": "data", "experts": "model"}
-    hf.save(T.random_model(_config("tiny-mixtral"), seed=4), None, tmp_path)
+    # GPT-2's fused `c_attn` fills three parameters from one tensor, still read once.
+    mapping = {"embed": "data", "experts": "model", "mlp": "model"}
+    hf.save(T.random_model(_config(name), seed=4), None, tmp_path)
     names = list(_safetensors.Checkpoint(tmp_path))
     reads = []
-    original = _safetensors.Checkpoint.read_whole
+    original = _safetensors.Checkpoint.read_rows
 
-    def counting(self, name):
+    def counting(self, name, start=0, stop=None):
         reads.append(name)
-        return original(self, name)
+        assert (start, stop) == (0, self.tensors[name].shape[0]), name  # one process: all rows
+        return original(self, name, start, stop)
 
-    monkeypatch.setattr(_safetensors.Checkpoint, "read_whole", counting)
+    monkeypatch.setattr(_safetensors.Checkpoint, "read_rows", counting)
     model, _ = hf.load(tmp_path, mesh=mesh, axis_mapping=mapping)
     # Eight devices hold pieces of every expert matrix, yet each tensor is read exactly once.
     assert sorted(reads) == sorted(names)

@@ -1,13 +1,15 @@
 """Streaming, sharded conversion between a model and a safetensors checkpoint.
 
-Loading builds every parameter from its devices' pieces (its `NamedSharding` under the
-mapping). From a local checkpoint each Hugging Face tensor (one per layer and expert of a
-stacked parameter) is read once and every piece's part of it copied into that device's
-aligned host buffer, which `device_put` adopts on CPU; from object storage
-`jax.make_array_from_callback` reads, per piece, just the rows and columns it needs. No process
-holds more of the checkpoint than one tensor beyond the parameters themselves. Saving produces
-one Hugging Face tensor at a time (one layer of one expert of one parameter), copies it to the
-host, writes it and drops it.
+Loading builds every parameter from this process's devices' pieces (its `NamedSharding` under
+the mapping). Each Hugging Face tensor (one per layer and expert of a stacked parameter) that
+any local device needs is read once, and only the rows covering the local pieces: every row
+when the pieces are column ranges, only this host's rows when they are row ranges (HF tensors
+are row-major, so that is one contiguous byte range: one `preadv` locally, one ranged read on
+object storage). Every piece's part is then copied into that device's aligned host buffer,
+which `device_put` adopts on CPU. The same path serves one process and many, local files and
+buckets. No process holds more of the checkpoint than one tensor's rows beyond the parameters
+themselves. Saving produces one Hugging Face tensor at a time (one layer of one expert of one
+parameter), copies it to the host, writes it and drops it.
 
 The layout arithmetic: a spec flattens named axes `out = (o1, o2, ...)` into the HF rows and
 `inn = (n1, ...)` into the columns, row-major. A device's piece is a range of each axis; the
@@ -17,6 +19,7 @@ rows it needs are `offset + [start(o1) * P, stop(o1) * P)` with `P = |o2| * |o3|
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping
@@ -43,6 +46,31 @@ def _ranges(index: tuple[slice, ...] | None, axes: tuple[hax.Axis, ...]) -> dict
     return {ax.name: range(*sl.indices(ax.size)) for ax, sl in zip(axes, index, strict=True)}
 
 
+def _span(
+    names: tuple[str, ...], base: int, sizes: Mapping[str, int], ranges: Mapping[str, range]
+) -> tuple[slice, tuple[slice, ...]]:
+    """The HF rows (or columns) flattening `names` that cover their ranges: the range of the
+    first axis with every inner axis whole; then the inner axes' ranges, for after the reshape."""
+    inner = math.prod(sizes[n] for n in names[1:])
+    first = ranges[names[0]]
+    outer = slice(base + first.start * inner, base + first.stop * inner)
+    rest = tuple(slice(ranges[n].start, ranges[n].stop) for n in names[1:])
+    return outer, rest
+
+
+def _first_rows(
+    spec: K.Spec,
+    offset: int,
+    out: tuple[str, ...],
+    sizes: Mapping[str, int],
+    ranges: Mapping[str, range],
+) -> slice:
+    """The span of the HF tensor's first dimension a piece needs (Conv1D stores `[in, out]`)."""
+    if spec.conv1d and spec.inn:
+        return _span(spec.inn, 0, sizes, ranges)[0]
+    return _span(out, offset, sizes, ranges)[0]
+
+
 def _read_block(
     read: Callable[[tuple[slice, ...]], np.ndarray],
     spec: K.Spec,
@@ -51,22 +79,12 @@ def _read_block(
     sizes: Mapping[str, int],
     ranges: Mapping[str, range],
 ) -> np.ndarray:
-    """The block of HF tensor `key` for `ranges`, as an array over `out + spec.inn` names."""
-
-    def span(names: tuple[str, ...], base: int) -> tuple[slice, tuple[slice, ...]]:
-        # Rows (or columns) covering the range of the first axis with every inner axis whole,
-        # then the inner axes' ranges, applied after the reshape.
-        inner = math.prod(sizes[n] for n in names[1:])
-        first = ranges[names[0]]
-        outer = slice(base + first.start * inner, base + first.stop * inner)
-        rest = tuple(slice(ranges[n].start, ranges[n].stop) for n in names[1:])
-        return outer, rest
-
-    rows, row_rest = span(out, offset)
+    """The block of an HF tensor for `ranges`, as an array over `out + spec.inn` names."""
+    rows, row_rest = _span(out, offset, sizes, ranges)
     index: tuple[slice, ...] = (rows,)
     col_rest: tuple[slice, ...] = ()
     if spec.inn:
-        cols, col_rest = span(spec.inn, 0)
+        cols, col_rest = _span(spec.inn, 0, sizes, ranges)
         index = (cols, rows) if spec.conv1d else (rows, cols)
     block = read(index)
     if spec.conv1d:
@@ -79,105 +97,99 @@ def _read_block(
     return block[(full, *row_rest) + ((full, *col_rest) if spec.inn else ())]
 
 
-def _piece_array(
-    ckpt: Checkpoint,
-    key_map: Mapping[str, str],
-    spec: K.Spec,
-    config: ModelConfig,
-    template: hax.NamedArray,
-    out: tuple[str, ...],
-    offset: int,
-    dtype: np.dtype,
-    sharding: jax.sharding.Sharding,
-) -> jax.Array:
-    axes = template.axes
-    sizes = {a.name: a.size for a in axes}
-    lead = K._lead(spec)
-    order = lead + out + spec.inn
-    perm = [order.index(a.name) for a in axes]
-
-    def callback(index: tuple[slice, ...] | None) -> np.ndarray:
-        ranges = _ranges(index, axes)
-        lead_ranges = [ranges[n] for n in lead]
-        shape = [len(r) for r in lead_ranges] + [len(ranges[n]) for n in out + spec.inn]
-        block = np.empty(shape, dtype)
-        for pos in np.ndindex(*(len(r) for r in lead_ranges)):
-            ids = dict(
-                zip(lead, (r[p] for r, p in zip(lead_ranges, pos, strict=True)), strict=True)
-            )
-            key = spec.hf.format(i=ids.get("layers"), j=ids.get("experts"))
-            name = key_map[key]
-            read = functools.partial(ckpt.read, name)
-            block[pos] = _read_block(read, spec, offset, out, sizes, ranges)
-        return np.transpose(block, perm)
-
-    return jax.make_array_from_callback(template.array.shape, sharding, callback, dtype=dtype)
-
-
 _WORKERS = 2
 
 
-def _piece_array_local(
+@dataclasses.dataclass
+class _Piece:
+    """One distinct device piece of one parameter: its ranges and its host buffer."""
+
+    part: int
+    ranges: dict[str, range]
+    buffer: np.ndarray
+
+
+def _piece_arrays(
     ckpt: Checkpoint,
     key_map: Mapping[str, str],
     spec: K.Spec,
-    template: hax.NamedArray,
-    out: tuple[str, ...],
-    offset: int,
+    parts: list[tuple[hax.NamedArray, tuple[str, ...], int, jax.sharding.Sharding]],
     dtype: np.dtype,
-    sharding: jax.sharding.Sharding,
-) -> jax.Array:
-    """`_piece_array` for a local checkpoint: each HF tensor is read once (into the
-    checkpoint's scratch buffer), and every device's piece of it is copied (cast, transposed)
-    from there into that device's buffer, which `device_put` then adopts on CPU (64-byte
-    aligned host buffers are not copied). Besides the parameters themselves, only the tensor
-    being copied is resident."""
-    axes = template.axes
-    names = [a.name for a in axes]
-    sizes = {a.name: a.size for a in axes}
-    lead = K._lead(spec)
-    order = lead + out + spec.inn
-    to_order = [names.index(n) for n in order]
-    shape = template.array.shape
-    pieces: dict[tuple, tuple[dict[str, range], np.ndarray]] = {}
-    device_keys: list[tuple[jax.Device, tuple]] = []
-    for device, index in sharding.addressable_devices_indices_map(shape).items():
-        ranges = _ranges(index, axes)
-        ident = tuple((r.start, r.stop) for r in ranges.values())
-        if ident not in pieces:
-            buffer = _host_memory.empty(tuple(len(ranges[n]) for n in names), dtype)
-            pieces[ident] = (ranges, buffer)
-        device_keys.append((device, ident))
-    lead_sizes = [sizes[n] for n in lead]
+) -> list[jax.Array]:
+    """The parameters `parts` (`(template, out, row offset, sharding)`: one, or the pieces of
+    a fused tensor such as GPT-2's `c_attn`), each built from this process's devices' pieces.
 
-    def fill(piece: tuple[dict[str, range], np.ndarray], ids: dict, source: np.ndarray) -> None:
-        ranges, buffer = piece
-        if any(ids[n] not in ranges[n] for n in lead):
-            return
-        at = tuple(ids[n] - ranges[n].start for n in lead)
-        block = _read_block(source.__getitem__, spec, offset, out, sizes, ranges)
-        np.copyto(buffer.transpose(to_order)[at], block, casting="unsafe")
+    Per HF tensor that any of them needs, the rows covering all of their pieces (every row for
+    column ranges, only theirs for row ranges) are read once (`Checkpoint.read_rows`: one
+    `preadv` or one ranged read), and every piece's part is copied (cast, transposed) from
+    there into that device's buffer, which `device_put` then adopts on CPU (64-byte aligned
+    host buffers are not copied). Besides the parameters themselves, only those rows of one
+    tensor are resident."""
+    lead = K._lead(spec)
+    pieces: dict[tuple, _Piece] = {}
+    device_keys: list[list[tuple[jax.Device, tuple]]] = []
+    for part, (template, _, _, sharding) in enumerate(parts):
+        axes = template.axes
+        device_keys.append([])
+        indices = sharding.addressable_devices_indices_map(template.array.shape)
+        for device, index in indices.items():
+            ranges = _ranges(index, axes)
+            ident = (part, *((r.start, r.stop) for r in ranges.values()))
+            if ident not in pieces:
+                shape = tuple(len(r) for r in ranges.values())
+                pieces[ident] = _Piece(part, ranges, _host_memory.empty(shape, dtype))
+            device_keys[part].append((device, ident))
+
+    def fill(piece: _Piece, ids: dict, source: np.ndarray, first: int) -> None:
+        template, out, offset, _ = parts[piece.part]
+        names = [a.name for a in template.axes]
+        sizes = {a.name: a.size for a in template.axes}
+        to_order = [names.index(n) for n in lead + out + spec.inn]
+        at = tuple(ids[n] - piece.ranges[n].start for n in lead)
+
+        def read(index: tuple[slice, ...]) -> np.ndarray:
+            rows = slice(index[0].start - first, index[0].stop - first)
+            return source[(rows, *index[1:])]
+
+        block = _read_block(read, spec, offset, out, sizes, piece.ranges)
+        np.copyto(piece.buffer.transpose(to_order)[at], block, casting="unsafe")
+
+    def rows(piece: _Piece) -> slice:
+        template, out, offset, _ = parts[piece.part]
+        sizes = {a.name: a.size for a in template.axes}
+        return _first_rows(spec, offset, out, sizes, piece.ranges)
 
     # Two workers fill the devices' pieces of a tensor at once: on 2 cores this shortens the
     # copies and the first-touch page faults of the new buffers.
+    lead_sizes = [parts[0][0].shape[n] for n in lead]
     with ThreadPoolExecutor(max(1, min(_WORKERS, len(pieces)))) as pool:
         for pos in np.ndindex(*lead_sizes):
             ids = dict(zip(lead, pos, strict=True))
+            needed = [p for p in pieces.values() if all(ids[n] in p.ranges[n] for n in lead)]
+            if not needed:  # no local device holds this layer / expert
+                continue
             name = key_map[spec.hf.format(i=ids.get("layers"), j=ids.get("experts"))]
-            source = ckpt.read_whole(name)
-            list(pool.map(functools.partial(fill, ids=ids, source=source), pieces.values()))
+            spans = [rows(p) for p in needed]
+            first, stop = min(r.start for r in spans), max(r.stop for r in spans)
+            source = ckpt.read_rows(name, first, stop)
+            work = functools.partial(fill, ids=ids, source=source, first=first)
+            list(pool.map(work, needed))
             del source
 
-    arrays, used = [], set()
-    for device, ident in device_keys:
-        buffer = pieces[ident][1]
-        if ident in used:  # a replicated piece: each device gets its own buffer
-            copy = _host_memory.empty(buffer.shape, dtype)
-            np.copyto(copy, buffer)
-            buffer = copy
-        used.add(ident)
-        arrays.append(jax.device_put(buffer, device))
-    return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
+    arrays = []
+    for (template, _, _, sharding), keys in zip(parts, device_keys, strict=True):
+        singles, used = [], set()
+        for device, ident in keys:
+            buffer = pieces[ident].buffer
+            if ident in used:  # a replicated piece: each device gets its own buffer
+                copy = _host_memory.empty(buffer.shape, dtype)
+                np.copyto(copy, buffer)
+                buffer = copy
+            used.add(ident)
+            singles.append(jax.device_put(buffer, device))
+        shape = template.array.shape
+        arrays.append(jax.make_array_from_single_device_arrays(shape, sharding, singles))
+    return arrays
 
 
 def _hf_shape(spec: K.Spec, model: Any) -> tuple[int, ...]:
@@ -242,23 +254,15 @@ def load(
                         f"{spec.hf}: checkpoint tensor {k} has shape {info.shape}, the config "
                         f"needs {expect}; does config.json match the weights?"
                     )
-            offset = 0
-            for get, out in spec.pieces():
+            offset, parts = 0, []
+            for get, out in spec.pieces():  # several for a fused tensor: read once for all
                 t = K._array(model, spec, get)
-                target = np.dtype(dtype or infos[0].dtype)
-                # Several processes (hosts) read only their devices' pieces: each reading whole
-                # tensors would multiply the checkpoint's I/O by the number of hosts.
-                if ckpt.remote or jax.process_count() > 1:
-                    array = _piece_array(
-                        ckpt, key_map, spec, config, t, out, offset, target, sharding_of(t)
-                    )
-                else:
-                    array = _piece_array_local(
-                        ckpt, key_map, spec, t, out, offset, target, sharding_of(t)
-                    )
-                values.append(hax.NamedArray(array, t.axes))
+                parts.append((t, out, offset, sharding_of(t)))
                 where.append(K._where(spec, get))
                 offset += math.prod(t.shape[n] for n in out)
+            target = np.dtype(dtype or infos[0].dtype)
+            arrays = _piece_arrays(ckpt, key_map, spec, parts, target)
+            values += [hax.NamedArray(a, p[0].axes) for a, p in zip(arrays, parts, strict=True)]
             loaded += keys
     finally:
         ckpt.close()

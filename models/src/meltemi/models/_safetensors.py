@@ -2,11 +2,13 @@
 writes of `model-0000k-of-0000n.safetensors` shards with `model.safetensors.index.json`.
 
 Reading opens a file with `safe_open(path, framework="numpy")` for each read and reads only the
-requested slice (`get_slice`). The sharded loader instead calls `read_whole(name)`, which reads
-one local tensor with `preadv` into a scratch buffer the checkpoint reuses, and copies every
-device's piece from there into that device's buffer: each byte is read once (a column-sharded
-tensor is not re-read per device, nor page-faulted through a mapping), and the process never
-holds more of a checkpoint than the largest tensor. Writing streams one tensor at a time:
+requested slice (`get_slice`). The sharded loader instead calls `read_rows(name, start, stop)`,
+which reads the rows one process needs of a tensor (a contiguous byte range) at once: locally
+with `preadv` into a scratch buffer the checkpoint reuses, from object storage with one ranged
+read; the loader copies every local device's piece from there into that device's buffer. Each
+byte is read at most once per process (a column-sharded tensor is not re-read per device, nor
+page-faulted through a mapping), and the process never holds more of a checkpoint than one
+tensor's rows. Writing streams one tensor at a time:
 the shard plan and every header are computed from shapes and dtypes alone, then each tensor is
 produced, written and dropped. (The `safetensors` package can only write a whole in-memory
 dict, hence the writer here; what it writes is read back by the package in the tests.)
@@ -151,31 +153,44 @@ class Checkpoint:
         self._files: dict[Any, int] = {}
         self._scratch: np.ndarray | None = None
 
-    def read_whole(self, name: str) -> np.ndarray:
-        """Tensor `name` read (`preadv`) into a scratch buffer this checkpoint reuses: valid
-        until the next `read_whole`. Local files only."""
+    def read_rows(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows `[start, stop)` (of the first dimension; default: all) of tensor `name`, read
+        in one piece: the rows of a row-major tensor are one contiguous byte range. A local
+        file is read with `preadv` into a scratch buffer this checkpoint reuses (valid until
+        the next `read_rows`), object storage with one ranged read. Read-only."""
         info = self.tensors[name]
-        if 0 in info.shape:
-            return np.zeros(info.shape, info.dtype)
+        if not info.shape:
+            return self.read(name)
+        stop = info.shape[0] if stop is None else stop
+        if not 0 <= start <= stop <= info.shape[0]:
+            raise ValueError(f"{name}: rows [{start}, {stop}) outside its {info.shape[0]} rows")
+        shape = (stop - start, *info.shape[1:])
+        row_bytes = math.prod(info.shape[1:]) * info.dtype.itemsize
+        nbytes = math.prod(shape) * info.dtype.itemsize
+        if nbytes == 0:
+            return np.zeros(shape, info.dtype)
+        if self.remote:
+            first = info.start + start * row_bytes
+            raw = _storage.read_range(info.file, first, first + nbytes)
+            return np.frombuffer(raw, info.dtype).reshape(shape)
         if name not in self._starts:  # byte offsets of every tensor of this shard
             self._starts.update({k: t.start for k, t in _remote_header(info.file).items()})
-        nbytes = math.prod(info.shape) * info.dtype.itemsize
         if self._scratch is None or self._scratch.nbytes < nbytes:
             self._scratch = None
             self._scratch = _host_memory.empty((nbytes,), np.uint8)
         target = self._scratch[:nbytes]
         if info.file not in self._files:
             self._files[info.file] = os.open(info.file, os.O_RDONLY)
-        fd, done = self._files[info.file], 0
+        fd, done, first = self._files[info.file], 0, self._starts[name] + start * row_bytes
         while done < nbytes:
-            got = os.preadv(fd, [target[done:]], self._starts[name] + done)
+            got = os.preadv(fd, [target[done:]], first + done)
             if got <= 0:
                 raise SafetensorsError(f"{info.file}: truncated while reading {name!r}")
             done += got
-        return target.view(info.dtype).reshape(info.shape)
+        return target.view(info.dtype).reshape(shape)
 
     def close(self) -> None:
-        """Closes the shards `read_whole` opened and frees its buffer (reopened on demand)."""
+        """Closes the shards `read_rows` opened and frees its buffer (reopened on demand)."""
         files, self._files, self._scratch = self._files, {}, None
         for fd in files.values():
             os.close(fd)
