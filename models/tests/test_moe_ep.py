@@ -26,7 +26,7 @@ import pytest  # noqa: E402
 import meltemi.haliax as hax  # noqa: E402
 import meltemi.models as mm  # noqa: E402
 from meltemi.haliax import partitioning  # noqa: E402
-from meltemi.models import _moe_ep, _ragged  # noqa: E402
+from meltemi.models import _moe_ep, _moe_kernels, _ragged  # noqa: E402
 
 BASE = mm.get_preset("tiny-mixtral")
 BATCH, SEQ = 8, 13
@@ -380,3 +380,124 @@ def test_ragged_exchange_on_cpu_is_an_error_naming_the_field_and_the_fix(monkeyp
 def test_an_unknown_ep_exchange_is_rejected():
     with pytest.raises(mm.ConfigError, match=r"ep_exchange='ragid'.*Fix: .*ep_exchange=\"auto\""):
         mm.MoeConfig(num_experts=4, top_k=2, expert_dim=4, ep_exchange="ragid")
+
+
+# The bounded ragged buffer (`MoeConfig.ep_buffer_factor`).
+
+
+def _bounded(factor, skewed=False):
+    """The test model with the ragged exchange and `ep_buffer_factor=factor`."""
+    cfg = _config("dropless", "ragged")
+    model = T.random_model(cfg.replace(moe=cfg.moe.replace(ep_buffer_factor=factor)), seed=6)
+    return _skewed(model) if skewed else model
+
+
+def _ragged_step(model, ep, monkeypatch):
+    """Loss, metrics and gradients of `model` at EP = ep with the emulated ragged exchange,
+    and the receive-buffer sizes traced."""
+    sent = []
+    real = _ragged.dispatch
+    monkeypatch.setattr(_ragged, "dispatch", lambda *a: sent.append(a[2]) or real(*a))
+    mesh = partitioning.make_mesh({"data": 8 // ep, "expert": ep})
+    with _ragged.emulated_on_cpu():
+        out = hax.named_jit(_grad, EP_MAPPING, mesh=mesh)(
+            hax.shard(model, EP_MAPPING, mesh), hax.named(TOKENS, ("batch", "position"))
+        )
+    monkeypatch.setattr(_ragged, "dispatch", real)
+    return out, set(sent)
+
+
+def _overflow(experts, ep, bound, num_experts):
+    """Which (token, expert) assignments of `experts [B, S, K]` (one sequence per device,
+    device r % ep of expert group r // ep holding row r) fit device receive buffers of
+    `bound` rows, each filled in (local expert, source, token) order: a numpy transcription."""
+    keep = np.ones(experts.shape, bool)
+    local = num_experts // ep
+    for group in range(experts.shape[0] // ep):
+        rows = range(group * ep, (group + 1) * ep)
+        for device in range(ep):
+            at = 0
+            for e in range(device * local, (device + 1) * local):
+                for r in rows:
+                    for t, j in zip(*np.nonzero(experts[r] == e), strict=True):
+                        keep[r, t, j], at = at < bound, at + 1
+    return keep
+
+
+def test_buffer_rows_are_the_factor_times_the_mean_load_rounded_and_never_the_worst_case():
+    assert _moe_ep.buffer_rows(64, 8192, 8, 256, 8192) == 64 * 8192 * 4  # 32x the mean
+    assert _moe_ep.buffer_rows(64, 8192, 8, 256, 8192, factor=2.0) == 2 * 8192 * 8
+    assert _moe_ep.buffer_rows(8, 13, 2, 8, 13, factor=1.0) == 32  # 26 rows, up to 8 | 32
+    assert _moe_ep.buffer_rows(8, 13, 2, 8, 13, factor=1.3) == 40  # ceil(33.8) = 34 -> 40
+    assert _moe_ep.buffer_rows(2, 13, 2, 8, 13, factor=3.0) == 52  # the worst case, 2 x 26
+    assert _moe_ep.buffer_rows(4, 13, 2, 8, 4, factor=2.0) == 32  # capacity path: E * b * C
+
+
+@pytest.mark.parametrize("bad", [0.5, 0, float("nan"), float("inf"), True, "2"])
+def test_an_invalid_ep_buffer_factor_is_rejected_naming_the_field_and_the_fix(bad):
+    with pytest.raises(
+        mm.ConfigError,
+        match=r"MoeConfig\.ep_buffer_factor=.*: must be None .* or a finite number >= 1 .*"
+        r"Fix: MoeConfig\(\.\.\., ep_buffer_factor=4\.0\) or ep_buffer_factor=None",
+    ):
+        mm.MoeConfig(num_experts=4, top_k=2, expert_dim=4, ep_buffer_factor=bad)
+    for good in (None, 1, 2.5):
+        assert mm.MoeConfig(num_experts=4, top_k=2, expert_dim=4, ep_buffer_factor=good)
+
+
+def test_a_bound_that_nothing_overflows_gives_the_unbounded_results(monkeypatch):
+    # Routing near uniform: no device receives twice its mean load.
+    (want, grads), worst = _ragged_step(_bounded(None), 4, monkeypatch)
+    (got, bounded_grads), bound = _ragged_step(_bounded(2.0), 4, monkeypatch)
+    assert worst == {104} and bound == {56}, (worst, bound)  # 4 x 13 x 2 rows; 2 x 26 -> 56
+    assert float(got[1]["dropped_fraction"]) == 0.0
+    # Equal up to float rounding: the buffer's size changes how XLA blocks the grouped matmuls
+    # (differences of ~5e-8 under the test runner's compile flags).
+    for a, b in zip(jax.tree.leaves((want, grads)), jax.tree.leaves((got, bounded_grads))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6)
+
+
+def test_a_small_bound_drops_exactly_the_overflow_and_equals_one_device_without_it(monkeypatch):
+    ep, factor, bound = 4, 1.0, 32  # 13 x 2 = 26 rows per device on average, up to 8 | 32
+    (loss, metrics), grads = _ragged_step(_bounded(factor, skewed=True), ep, monkeypatch)[0]
+    # Reference: one device, dropless, each layer's overflowing assignments weighted zero.
+    routings = []
+
+    def keep(experts):
+        routings.append(np.asarray(experts).reshape(BATCH, SEQ, -1))
+        return _overflow(routings[-1], ep, bound, 8).reshape(experts.shape)
+
+    real = _moe_kernels.dropless
+
+    def masked(x, weights, experts, *rest):
+        shape = jax.ShapeDtypeStruct(experts.shape, jnp.bool_)
+        kept = jax.pure_callback(keep, shape, jax.lax.stop_gradient(experts))
+        return real(x, weights * kept.astype(weights.dtype), experts, *rest)
+
+    monkeypatch.setattr(_moe_kernels, "dropless", masked)
+    model = _skewed(T.random_model(_config("dropless"), seed=6))  # the same weights
+    # A new function, so no executable traced before the patch is reused.
+    (ref_loss, _), ref_grads = eqx.filter_jit(lambda m, t: _grad(m, t))(model, TOKENS)
+    layers = BASE.num_layers
+    assert len(routings) >= layers
+    dropped = np.mean([1 - _overflow(e, ep, bound, 8).mean() for e in routings[:layers]])
+    assert dropped > 0.05  # the bound binds
+    np.testing.assert_allclose(float(metrics["dropped_fraction"]), dropped, rtol=1e-6)
+    np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+
+
+def test_real_ragged_exchange_lowers_with_the_bounded_buffer(monkeypatch):
+    monkeypatch.setattr(_moe_ep, "_platform", lambda: "tpu")
+    model = _bounded(1.0)
+    mesh = partitioning.make_mesh({"data": 4, "expert": 2})
+    step = hax.named_jit(_grad, EP_MAPPING, mesh=mesh)
+    tokens = hax.named(TOKENS, ("batch", "position"))
+    text = step.lower(hax.shard(model, EP_MAPPING, mesh), tokens).lowered.as_text()
+    calls = re.findall(r"custom_call @ragged_all_to_all\(.*?: \((.*?)\) -> tensor<(\w+)>", text)
+    rows = SEQ * BASE.moe.top_k  # 26 sent; the worst case would be 52
+    assert _moe_ep.buffer_rows(2, SEQ, BASE.moe.top_k, 8, SEQ) == 52
+    there, back = f"{rows}x30xf32", "32x30xf32"
+    assert calls and {c[1] for c in calls} == {there, back}, calls
+    assert all(f"tensor<{back}>" in c[0] for c in calls), calls

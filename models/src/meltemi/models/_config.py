@@ -256,6 +256,12 @@ class MoeConfig:
         ep_exchange: how expert parallelism moves tokens: `"dense"` (`all_to_all` of fixed
             slots), `"ragged"` (`ragged_all_to_all` of exactly the routed rows; TPU and GPU
             only) or `"auto"` (ragged where the platform compiles it, dense on CPU).
+        ep_buffer_factor: the ragged exchange's receive buffer per device, in multiples of the
+            mean load (`b * S * top_k` rows), never above the worst case; `None` sizes it for
+            the worst case (up to `n * min(top_k, E/n) / top_k` times the mean: 32x at EP = 64
+            with top-8 of 256 experts). Rows past the bound are dropped, even with
+            `dispatch="dropless"`, and counted in `dropped_fraction`. The default, 4, never
+            binds where the worst case is at most 4x the mean (top-2 of 8 at any EP).
 
     >>> MoeConfig(num_experts=4, top_k=2, expert_dim=16).dispatch
     'dropless'
@@ -271,6 +277,7 @@ class MoeConfig:
     router_z_coef: float = 0.001
     load_balancing_scope: Literal["all_layers", "per_layer"] = "all_layers"
     ep_exchange: Literal["auto", "dense", "ragged"] = "auto"
+    ep_buffer_factor: float | None = 4.0
 
     def __post_init__(self) -> None:
         _check_positive_ints(self, ("num_experts", "top_k", "expert_dim"))
@@ -313,6 +320,20 @@ class MoeConfig:
                 self.ep_exchange,
                 f"must be one of {EP_EXCHANGES}",
                 'MoeConfig(..., ep_exchange="auto")',
+            )
+        factor = self.ep_buffer_factor
+        if factor is not None and (
+            isinstance(factor, bool)
+            or not isinstance(factor, (int, float))
+            or not 1 <= factor < math.inf
+        ):
+            _fail(
+                "MoeConfig",
+                "ep_buffer_factor",
+                factor,
+                "must be None (a worst-case buffer, nothing dropped) or a finite number >= 1 "
+                "(the receive buffer in multiples of the mean load)",
+                "MoeConfig(..., ep_buffer_factor=4.0) or ep_buffer_factor=None",
             )
         for name in ("load_balancing_coef", "router_z_coef"):
             if getattr(self, name) < 0:

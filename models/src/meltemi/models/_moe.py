@@ -77,6 +77,7 @@ class MoeMlp(eqx.Module):
                 normalize=self.moe.norm_topk_prob,
                 capacity=capacity,
                 exchange=self.moe.ep_exchange,
+                buffer_factor=self.moe.ep_buffer_factor,
             )
             y = hax.named(out, x.axes)
             dropped = jnp.mean(jnp.logical_not(kept).astype(jnp.float32))

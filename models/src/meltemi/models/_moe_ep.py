@@ -32,13 +32,17 @@ each device sends exactly its kept (token, expert) rows with `jax.lax.ragged_all
 and gets their results back the same way (`_ragged`), `A <= b * S * k` rows each way
 instead of `E * b * C`. The experts run on the received rows with `jax.lax.ragged_dot`. Both
 dispatch modes: `"capacity"` sends the assignments the capacity path keeps (same drops),
-`"dropless"` sends all of them (exactly the dropless function).
+`"dropless"` sends all of them (exactly the dropless function) while they fit the receive
+buffer: `MoeConfig.ep_buffer_factor` bounds it at a multiple of the mean load
+(`buffer_rows`), and rows past the bound are not sent, count as dropped in `kept` (so in
+`dropped_fraction`) and add nothing to their token's output.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import warnings
 from collections.abc import Callable
 
@@ -146,6 +150,7 @@ def moe(
     normalize: bool,
     capacity: int,
     exchange: str = "dense",
+    buffer_factor: float | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """Routing and the expert MLP with all-to-all dispatch.
 
@@ -158,6 +163,7 @@ def moe(
         top_k, normalize: routing (`_moe_kernels.route`).
         capacity: slots per expert and sequence (`S` for dropless).
         exchange: a `MoeConfig.ep_exchange` value (`resolve_exchange`).
+        buffer_factor: `MoeConfig.ep_buffer_factor` (the ragged exchange's bound).
 
     Returns:
         `(y [B, S, D], kept [B, S, K], probs [B, S, E], experts [B, S, K])`. Routing runs on
@@ -182,8 +188,9 @@ def moe(
         weights = weights.astype(x.dtype)
         if ragged:
             y, kept = _ragged_moe(
-                x, weights, experts, capacity, n, ep.axis, w_gate, w_up, w_down, act
-            )
+                x, weights, experts, capacity, n, ep.axis, w_gate, w_up, w_down, act,
+                buffer_factor,
+            )  # fmt: skip
             return y, kept, probs, experts
         dispatch, combine, kept = K.capacity_dispatch(weights, experts, num_experts, capacity)
         expert = functools.partial(_experts, w_gate=w_gate, w_up=w_up, w_down=w_down, act=act)
@@ -196,24 +203,53 @@ def moe(
     return local(x, logits, w_gate, w_up, w_down)
 
 
-def buffer_rows(n: int, tokens: int, top_k: int, num_experts: int, slots: int) -> int:
-    """Rows of a device's receive buffer in the ragged exchange: the most it can receive.
+BUFFER_ROW_MULTIPLE = 8
+"""A bounded receive buffer's rows are rounded up to a multiple of this (the row tile of
+32-bit layouts on TPU), never past the worst case."""
 
-    Each of n sources sends a token at most `min(top_k, E/n)` times to one device (a token's
-    experts are distinct), and at most `slots` (= b * C) rows per expert: so
-    `min(n * tokens * min(top_k, E/n), E * slots)`. Static and never exceeded, so nothing is
-    lost. Dropless pays up to `n * min(top_k, E/n) / top_k` times the mean load in memory (not
-    in traffic: only filled rows travel); the capacity path at most the dense path's
-    `E * b * C` slots.
+
+def buffer_rows(
+    n: int, tokens: int, top_k: int, num_experts: int, slots: int, factor: float | None = None
+) -> int:
+    """Rows of a device's receive buffer in the ragged exchange.
+
+    The worst case, the most a device can receive: each of n sources sends a token at most
+    `min(top_k, E/n)` times to one device (a token's experts are distinct), and at most
+    `slots` (= b * C) rows per expert, so `min(n * tokens * min(top_k, E/n), E * slots)`.
+    Dropless pays up to `n * min(top_k, E/n) / top_k` times the mean load in memory (not in
+    traffic: only filled rows travel); the capacity path at most the dense path's `E * b * C`
+    slots. With `factor` (`MoeConfig.ep_buffer_factor`) the buffer holds at most
+    `ceil(factor * tokens * top_k)` rows (the mean load times the factor), rounded up to a
+    multiple of `BUFFER_ROW_MULTIPLE`; rows past it are dropped (`layout(..., bound=)`).
+
+    Args:
+        n: devices on the expert axis.
+        tokens: a device's tokens (`b * S`).
+        top_k: experts per token.
+        num_experts: experts in the layer.
+        slots: most rows an expert keeps from one device (`b * C`; `b * S` dropless).
+        factor: the bound in multiples of the mean load, or None for the worst case.
+
+    >>> buffer_rows(64, 8192, 8, 256, 8192)  # DeepSeek-like at EP = 64: 32x the mean load
+    2097152
+    >>> buffer_rows(64, 8192, 8, 256, 8192, factor=4.0)
+    262144
     """
-    return min(n * tokens * min(top_k, num_experts // n), num_experts * slots)
+    worst = min(n * tokens * min(top_k, num_experts // n), num_experts * slots)
+    if factor is None:
+        return worst
+    bound = math.ceil(factor * tokens * top_k)
+    return min(worst, -(-bound // BUFFER_ROW_MULTIPLE) * BUFFER_ROW_MULTIPLE)
 
 
-def _ragged_moe(x, weights, experts, capacity, n, axis, w_gate, w_up, w_down, act):
+def _ragged_moe(
+    x, weights, experts, capacity, n, axis, w_gate, w_up, w_down, act, buffer_factor=None
+):
     """One device's ragged exchange: its kept rows to their experts' devices and back.
 
     Same sort and grouped matmuls as `_moe_kernels.dropless`, with the chunks of other
     devices' experts sent away and other devices' rows for mine received in their place.
+    Rows that do not fit the receive buffer (`buffer_factor`) are not sent, and not kept.
     """
     b, s, d = x.shape
     top_k = experts.shape[-1]
@@ -227,8 +263,17 @@ def _ragged_moe(x, weights, experts, capacity, n, axis, w_gate, w_up, w_down, ac
     token_of = order // top_k
     rows = jnp.take(x.reshape(b * s, d), token_of, axis=0)
     counts = jnp.zeros((num_experts,), jnp.int32).at[key].add(1, mode="drop")
-    lay = _ragged.layout(jax.lax.all_gather(counts, axis), jax.lax.axis_index(axis))
-    size = buffer_rows(n, b * s, top_k, num_experts, b * capacity)
+    size = buffer_rows(n, b * s, top_k, num_experts, b * capacity, buffer_factor)
+    worst = buffer_rows(n, b * s, top_k, num_experts, b * capacity)
+    bound = size if size < worst else None
+    lay = _ragged.layout(jax.lax.all_gather(counts, axis), jax.lax.axis_index(axis), bound)
+    if bound is not None:
+        # Row p of my sorted rows is the (p - start)-th of its chunk; the first send_sizes go.
+        sorted_key = jnp.take(key, order)
+        start = jnp.take(lay.send_offsets, sorted_key, mode="fill", fill_value=0)
+        sent = jnp.take(lay.send_sizes, sorted_key, mode="fill", fill_value=0)
+        fits = jnp.arange(key.shape[0]) - start < sent
+        kept = kept & jnp.zeros_like(fits).at[order].set(fits).reshape(experts.shape)
     received = _ragged.dispatch(rows, lay, size, axis)
     # Rows past sum(group_sizes) hold nothing and are never sent back (nor their gradients).
     gate = jax.lax.ragged_dot(received, w_gate, lay.group_sizes)

@@ -16,6 +16,13 @@ computes the same offsets (`layout`):
 So the receive buffer is grouped by local expert (what `jax.lax.ragged_dot` needs) with no
 local permutation, and the return call is the dispatch call with offsets and sizes swapped
 (which is also the primitive's transpose rule, so gradients use the same exchange).
+
+A bounded buffer (`layout(..., bound=B)`, `MoeConfig.ep_buffer_factor`) keeps each chunk's
+rows that land below row B and clips the rest: chunk (s, e) sends
+`clip(B - its offset, 0, counts[s, e])` rows, the same number on both sides of both calls,
+since every device computes it from the same `counts`. Offsets increase with (local expert,
+source), so what overflows is the tail of that order: the last sources' rows for the last
+local experts, and within a chunk the source's last tokens.
 """
 
 from __future__ import annotations
@@ -48,16 +55,23 @@ def _exclusive_cumsum(x: jax.Array, axis: int) -> jax.Array:
     return jnp.cumsum(x, axis=axis) - x
 
 
-def layout(counts: jax.Array, me: jax.Array) -> Layout:
+def layout(counts: jax.Array, me: jax.Array, bound: int | None = None) -> Layout:
     """Offsets and sizes of both exchanges on device `me` from the gathered `counts [n, E]`
-    (`counts[s, e]`: rows device s sends to expert e).
+    (`counts[s, e]`: rows device s sends to expert e), with receive buffers of `bound` rows
+    (None: unbounded; rows that would land at or past `bound` are not sent).
 
     >>> import jax.numpy as jnp
-    >>> lay = layout(jnp.array([[1, 2, 0, 3], [2, 0, 1, 1]]), jnp.int32(1))  # n=2, E=4
+    >>> counts = jnp.array([[1, 2, 0, 3], [2, 0, 1, 1]])  # n=2, E=4
+    >>> lay = layout(counts, jnp.int32(1))
     >>> lay.send_sizes.tolist(), lay.dest_offsets.tolist(), lay.recv_sizes.tolist()
     ([2, 0, 1, 1], [1, 5, 0, 4], [0, 3, 1, 1])
     >>> lay.recv_offsets.tolist(), lay.return_offsets.tolist(), lay.group_sizes.tolist()
     ([0, 1, 0, 4], [3, 3, 2, 3], [1, 4])
+    >>> lay = layout(counts, jnp.int32(1), bound=3)  # rows 3, 4 of device 1 (expert 3) overflow
+    >>> lay.send_sizes.tolist(), lay.recv_sizes.tolist(), lay.group_sizes.tolist()
+    ([2, 0, 1, 0], [0, 2, 1, 0], [1, 2])
+    >>> lay.dest_offsets.tolist(), lay.recv_offsets.tolist()
+    ([1, 0, 0, 0], [0, 1, 0, 0])
     """
     n, num_experts = counts.shape
     local = num_experts // n
@@ -66,6 +80,14 @@ def layout(counts: jax.Array, me: jax.Array) -> Layout:
     total = jnp.sum(counts, axis=0).reshape(n, local)  # rows per expert, by device
     base = _exclusive_cumsum(total, axis=1).reshape(num_experts)  # expert e's start on its device
     buffer_offsets = base[None, :] + _exclusive_cumsum(counts, axis=0)  # [s, e]: on e's device
+    if bound is not None:
+        # Chunks past the first clipped one are empty, so the kept ones keep their offsets
+        # and each local expert's kept rows stay contiguous from its start.
+        counts = jnp.clip(bound - buffer_offsets, 0, counts)
+        total = jnp.sum(counts, axis=0).reshape(n, local)
+        # Chunks emptied by the bound point at row 0: an offset one past the buffer's end,
+        # even with nothing to send, is outside what the op documents.
+        buffer_offsets = jnp.where(buffer_offsets >= bound, 0, buffer_offsets)
 
     def mine(a: jax.Array) -> jax.Array:  # [s, e] -> chunk (s, my local expert) -> [n * El]
         return jax.lax.dynamic_index_in_dim(a.reshape(n, n, local), me, 1, False).reshape(-1)
