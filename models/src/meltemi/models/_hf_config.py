@@ -366,8 +366,94 @@ def from_hf_config(d: dict[str, Any]) -> ModelConfig:
     """
     tracked = TrackedConfig(d)
     config = _from_hf_config(tracked)
+    fp8_block_size(tracked)  # the weights' storage, not the model: validated, read by hf.load
     check_all_used(tracked)
     return config
+
+
+# -- quantization_config: block-scaled FP8 checkpoints are dequantized on load -----------------
+_FP8_KEYS = frozenset(
+    {
+        "quant_method",
+        "fmt",
+        "activation_scheme",
+        "weight_block_size",
+        "scale_fmt",
+        "dequantize",
+        "expert_dtype",
+        # Which tensors are float8: the checkpoint's dtypes say it tensor by tensor.
+        "modules_to_not_convert",
+        "ignored_layers",
+        "modules_to_convert",
+    }
+)
+_UNQUANTIZED_FIX = (
+    "Fix: load the unquantized (bfloat16) checkpoint the quantized one was made from, or "
+    "dequantize it with transformers first (from_pretrained(dir, dtype=torch.bfloat16), then "
+    "save_pretrained)"
+)
+
+
+def fp8_block_size(d: dict[str, Any]) -> tuple[int, int] | None:
+    """The `[rows, cols]` block of a block-scaled FP8 checkpoint (DeepSeek-V3 / Qwen3-FP8
+    style: `quantization_config = {"quant_method": "fp8", "weight_block_size": [128, 128],
+    ...}`), which `hf.load` dequantizes on load; `None` without a `quantization_config`.
+
+    Any other quantization (gptq, awq, bitsandbytes, per-tensor fp8 without a block size,
+    static activation scales) raises `HfConfigError` naming the key, its value and the fix.
+
+    >>> fp8_block_size({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
+    ...     "activation_scheme": "dynamic", "weight_block_size": [128, 128]}})
+    (128, 128)
+    >>> fp8_block_size({"quantization_config": {"quant_method": "awq", "bits": 4}})
+    Traceback (most recent call last):
+    ...
+    meltemi.models.HfConfigError: config.json sets quantization_config.quant_method='awq'; ...
+    """
+    q = d.get("quantization_config")
+    if q is None or q == {}:
+        return None
+    if not isinstance(q, dict):
+        raise HfConfigError(f"config.json sets quantization_config={q!r}, which is not a dict")
+    method = q.get("quant_method")
+    if method != "fp8":
+        raise HfConfigError(
+            f"config.json sets quantization_config.quant_method={method!r}; meltemi.models "
+            "reads only block-scaled FP8 checkpoints (quant_method 'fp8' with a "
+            f"weight_block_size), which it dequantizes on load. {_UNQUANTIZED_FIX}"
+        )
+    unknown = sorted(set(q) - _FP8_KEYS)
+    if unknown:
+        raise HfConfigError(
+            f"config.json sets quantization_config.{unknown[0]}={q[unknown[0]]!r}, an fp8 "
+            f"option meltemi.models does not know (it knows {sorted(_FP8_KEYS)}). "
+            f"{_UNQUANTIZED_FIX}"
+        )
+    block = q.get("weight_block_size")
+    if not (
+        isinstance(block, (list, tuple))
+        and len(block) == 2
+        and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+    ):
+        raise HfConfigError(
+            f"config.json sets quantization_config.weight_block_size={block!r}; only "
+            "block-scaled FP8 (two positive ints, e.g. [128, 128]) is supported, not per-tensor "
+            f"or per-channel scales. {_UNQUANTIZED_FIX}"
+        )
+    checks = {
+        "activation_scheme": ("dynamic",),  # static: activation scales the math would need
+        "fmt": ("e4m3", "e5m2"),  # the tensors' own dtype is read from the shards
+        "scale_fmt": ("float", "ue8m0"),
+        "expert_dtype": ("fp8",),
+    }
+    for key, allowed in checks.items():
+        value = q.get(key)
+        if value is not None and str(value).lower() not in allowed:
+            raise HfConfigError(
+                f"config.json sets quantization_config.{key}={value!r}; block-scaled FP8 "
+                f"loads only with {key} in {list(allowed)}. {_UNQUANTIZED_FIX}"
+            )
+    return int(block[0]), int(block[1])
 
 
 def _from_hf_config(d: dict[str, Any]) -> ModelConfig:

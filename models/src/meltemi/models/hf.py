@@ -32,12 +32,13 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 import meltemi.haliax as hax
 from meltemi.models import _hf_keys, _hf_stream, _storage, lora
 from meltemi.models._config import ConfigError, ModelConfig
-from meltemi.models._hf_config import from_hf_config, to_hf_config
+from meltemi.models._hf_config import fp8_block_size, from_hf_config, to_hf_config
 from meltemi.models._safetensors import DEFAULT_SHARD_BYTES, Checkpoint, write_sharded
 from meltemi.models._transformer import Transformer, _jit_init
 
@@ -190,6 +191,58 @@ def _is_tied_copy(ckpt: Checkpoint, present: dict[str, str], key: str, config: M
     return True
 
 
+_SCALE_SUFFIX = "_scale_inv"
+
+
+def _fp8_block(directory: pathlib.Path) -> tuple[int, int] | None:
+    """`weight_block_size` of a block-scaled FP8 checkpoint (its config.json), else `None`."""
+    path = directory / "config.json"
+    return fp8_block_size(_read_json(path)) if path.exists() else None
+
+
+def _fp8_scales(
+    ckpt: Checkpoint, present: dict[str, str], block: tuple[int, int] | None
+) -> dict[str, str]:
+    """Takes the block scales (`<name>.weight_scale_inv`) out of `present` (model name ->
+    checkpoint key) and returns checkpoint key of each scaled weight -> its scale's, after
+    checking that every float8 weight has a scale of the shape its block size gives."""
+    scale_names = [k for k in present if k.endswith(".weight" + _SCALE_SUFFIX)]
+    if scale_names and block is None:
+        raise CheckpointError(
+            f"{ckpt.directory} holds block scales ({scale_names[0]}, ...) but its config.json "
+            "has no quantization_config to say how they apply. Fix: add "
+            '"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]} '
+            "(with the block size the checkpoint was quantized with)"
+        )
+    scales = {}
+    for scale_name in scale_names:
+        weight = scale_name.removesuffix(_SCALE_SUFFIX)
+        if weight not in present:
+            continue  # a scale of nothing: reported as unexpected
+        key, scale_key = present[weight], present.pop(scale_name)
+        shape, scale_shape = ckpt.tensors[key].shape, ckpt.tensors[scale_key].shape
+        want = tuple(-(-n // b) for n, b in zip(shape, block, strict=False))
+        if len(shape) != 2 or scale_shape != want:
+            raise CheckpointError(
+                f"{ckpt.directory}: {scale_key} has shape {scale_shape}, but {key} {shape} in "
+                f"blocks of {list(block)} (quantization_config.weight_block_size) needs "
+                f"{want if len(shape) == 2 else 'a 2-D weight'}; does the block size match "
+                "the checkpoint?"
+            )
+        scales[key] = scale_key
+    if block is not None:
+        for name, key in present.items():
+            if ckpt.tensors[key].dtype.name.startswith("float8") and key not in scales:
+                raise CheckpointError(
+                    f"{ckpt.directory}: {key} is {ckpt.tensors[key].dtype.name} but the "
+                    f"checkpoint has no {name}{_SCALE_SUFFIX}, so its real values are "
+                    "unknown. Fix: the checkpoint is incomplete; download it again (or list "
+                    "the module in quantization_config.modules_to_not_convert and store it "
+                    "unquantized)"
+                )
+    return scales
+
+
 def _sharding_of(mesh: Any, mapping: Any) -> _hf_stream.ShardingOf:
     mesh = mesh if mesh is not None else hax.partitioning.current_mesh()
     if mesh is None:
@@ -227,6 +280,10 @@ def _load_into(
     ckpt = Checkpoint(directory)
     renamed = _key_map(list(ckpt), config)
     present = {name: k for k, name in renamed.items()}  # model's name -> checkpoint key
+    block = _fp8_block(directory)
+    scales = _fp8_scales(ckpt, present, block)
+    if block is not None and dtype is None:
+        dtype = jnp.bfloat16  # float8 values are meaningless without their scales
     expected = set(_hf_keys.expected_keys(config))
     ignored = sorted(
         k
@@ -262,6 +319,7 @@ def _load_into(
         dtype=dtype,
         init_missing_norms=init_missing_norms,
         sharding_of=sharding_of,
+        fp8=None if block is None else _hf_stream.BlockScales(scales, block),
     )
     if missing and (mesh or hax.partitioning.current_mesh()) is not None:
         # Tensors kept from the (unsharded) random template: shard them like the rest.
@@ -289,10 +347,18 @@ def load(
     from the safetensors files on its own (one layer of one expert at a time), so the host
     never holds a whole stacked parameter.
 
+    A block-scaled FP8 checkpoint (config.json `quantization_config` with `quant_method`
+    "fp8" and `weight_block_size`, a `<name>.weight_scale_inv` next to each float8 weight, as
+    `Qwen/Qwen3-8B-FP8` or DeepSeek-V3) is dequantized as it is read, piece by piece:
+    `W[i, j] * scale_inv[i // b0, j // b1]` multiplied in float32 and cast to `dtype`
+    (default **bfloat16** for such a checkpoint); `save` then writes a plain checkpoint.
+    Other quantizations (gptq, awq, bitsandbytes, per-tensor fp8) raise `HfConfigError`.
+
     Args:
         directory: the checkpoint directory.
         config: the model to build (default: the checkpoint's own config).
-        dtype: parameter dtype (default: the checkpoint's).
+        dtype: parameter dtype (default: the checkpoint's; bfloat16 for a block-scaled FP8
+            one).
         mesh: the device mesh to shard over (default: the active one, if any).
         axis_mapping: logical axis -> mesh axes (default: the active `hax.axis_mapping`),
             e.g. FSDP's `{"embed": "data"}`.
@@ -302,7 +368,9 @@ def load(
 
     Raises:
         CheckpointError: a tensor is missing or unexpected (use `warm_start` to load across
-            architectures), naming every such key.
+            architectures), naming every such key; a float8 weight has no (or a misshapen)
+            block scale.
+        HfConfigError: config.json uses an option or a quantization that cannot be loaded.
     """
     directory = _storage.as_path(directory)
     config = config or load_config(directory)
