@@ -10,7 +10,8 @@
 * compiled `generate` tokens/s against `transformers`' `generate` at batch 1 and 8
   (`generate_bench.py`; keys `generate_tokens_per_s_bs{1,8}`, `generate_vs_transformers_bs{1,8}`);
 * `hf.load` of a 1.7 GB bfloat16 Llama onto 8 CPU devices (FSDP): peak host memory over the
-  checkpoint's bytes and time, against `transformers`' `from_pretrained` (`hf_load_bench.py`);
+  checkpoint's bytes and time, against `transformers`' `from_pretrained` (`hf_load_bench.py`),
+  and by two `jax.distributed` processes of 4 devices each (bytes fetched per process);
 * collective bytes per device of an MoE forward pass at expert parallelism 1-8, all-to-all
   dispatch vs the gather-based layout (`moe_ep_bench.py`).
 """
@@ -133,6 +134,7 @@ def main() -> None:
     )
     results.update(generate_bench.measure(quick=args.quick))
     results["hf_load"] = hf_load_bench.measure(quick=args.quick)
+    results["hf_load_2proc"] = hf_load_bench.measure_distributed(quick=args.quick)
     results["moe_ep"] = moe_ep_bench.measure()
     print(json.dumps(results, indent=2))
 
