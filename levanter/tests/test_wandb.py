@@ -2,6 +2,7 @@
 
 import json
 import pathlib
+import re
 
 from meltemi.levanter.config import load_config
 from meltemi.levanter.tracking import WANDB_ID_FILE
@@ -62,4 +63,8 @@ def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path, monkeypatch):
     run_id = (tmp_path / "run" / WANDB_ID_FILE).read_text().strip()
     runs = sorted((tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert len(runs) == 2  # one per process, both the same W&B run
-    assert {r.name.rsplit("-", 1)[-1] for r in runs} == {run_id}
+    # offline-run-<YYYYMMDD_HHMMSS>-<run id>, with "-1" appended by wandb when both runs
+    # started in the same second (their folder names would otherwise collide).
+    names = [re.fullmatch(r"offline-run-\d{8}_\d{6}-([^-]+)(-\d+)?", r.name) for r in runs]
+    assert all(names), [r.name for r in runs]
+    assert {m.group(1) for m in names} == {run_id}
