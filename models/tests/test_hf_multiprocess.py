@@ -19,15 +19,22 @@ import pytest
 import meltemi.models as mm
 from meltemi.models import _safetensors, hf
 
-WORKER = r"""
+# Both workers start as process `pid` of 2 (4 CPU devices each, gloo), with `path` their
+# checkpoint directory.
+PROLOGUE = r"""
 import os, sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 os.environ["JAX_PLATFORMS"] = "cpu"
 import jax
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
-port, pid, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+port, pid, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid,
                            initialization_timeout=120)
+"""
+
+WORKER = (
+    PROLOGUE
+    + r"""
 import meltemi.haliax as hax
 from meltemi.models import hf
 from test_hf_multiprocess import MAPPING, random_model
@@ -41,19 +48,15 @@ def put(x):
 model = jax.tree.map(put, random_model(), is_leaf=lambda x: isinstance(x, hax.NamedArray))
 leaf = model.blocks.stacked.mlp.down_proj.weight.array
 assert not leaf.is_fully_addressable, "the test needs arrays split over both processes"
-hf.save(model, None, out)
+hf.save(model, None, path)
 print("saved", jax.process_index(), flush=True)
 """
+)
 
-LOAD_WORKER = r"""
-import json, os, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-os.environ["JAX_PLATFORMS"] = "cpu"
-import jax
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-port, pid, root = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid,
-                           initialization_timeout=120)
+LOAD_WORKER = (
+    PROLOGUE
+    + r"""
+import json
 import numpy as np
 import meltemi.haliax as hax
 from meltemi.models import _safetensors, hf
@@ -69,7 +72,7 @@ mesh = jax.make_mesh((8,), ("data",))
 is_named = lambda x: isinstance(x, hax.NamedArray)
 for kind, (config, mapping) in LOADS.items():
     reads.append([])
-    model, _ = hf.load(os.path.join(root, kind), mesh=mesh, axis_mapping=mapping)
+    model, _ = hf.load(os.path.join(path, kind), mesh=mesh, axis_mapping=mapping)
     split = 0
     for got, want in zip(jax.tree.leaves(model, is_leaf=is_named),
                          jax.tree.leaves(random_model(config), is_leaf=is_named), strict=True):
@@ -81,6 +84,7 @@ for kind, (config, mapping) in LOADS.items():
     assert split >= 3, (kind, split)
 print(json.dumps(dict(zip(LOADS, reads))), flush=True)
 """
+)
 
 
 def _run_two(script, *args) -> list[str]:

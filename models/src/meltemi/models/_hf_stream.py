@@ -159,6 +159,7 @@ class _Piece:
 
     part: int
     ranges: dict[str, range]
+    rows: slice  # the span of the HF tensor's first dimension it needs
     buffer: np.ndarray
 
 
@@ -183,8 +184,13 @@ def _piece_arrays(
     lead = K._lead(spec)
     pieces: dict[tuple, _Piece] = {}
     device_keys: list[list[tuple[jax.Device, tuple]]] = []
-    for part, (template, _, _, sharding) in enumerate(parts):
+    sizes_of: list[dict[str, int]] = []  # per part: axis sizes
+    order_of: list[list[int]] = []  # per part: its axes in `lead + out + inn` order
+    for part, (template, out, offset, sharding) in enumerate(parts):
         axes = template.axes
+        names = [a.name for a in axes]
+        sizes_of.append({a.name: a.size for a in axes})
+        order_of.append([names.index(n) for n in lead + out + spec.inn])
         device_keys.append([])
         indices = sharding.addressable_devices_indices_map(template.array.shape)
         for device, index in indices.items():
@@ -192,16 +198,15 @@ def _piece_arrays(
             ident = (part, *((r.start, r.stop) for r in ranges.values()))
             if ident not in pieces:
                 shape = tuple(len(r) for r in ranges.values())
-                pieces[ident] = _Piece(part, ranges, _host_memory.empty(shape, dtype))
+                rows = _first_rows(spec, offset, out, sizes_of[part], ranges)
+                buffer = _host_memory.empty(shape, dtype)
+                pieces[ident] = _Piece(part, ranges, rows, buffer)
             device_keys[part].append((device, ident))
 
     def fill(
         piece: _Piece, ids: dict, source: np.ndarray, first: int, scale: _Scales | None
     ) -> None:
-        template, out, offset, _ = parts[piece.part]
-        names = [a.name for a in template.axes]
-        sizes = {a.name: a.size for a in template.axes}
-        to_order = [names.index(n) for n in lead + out + spec.inn]
+        _, out, offset, _ = parts[piece.part]
         at = tuple(ids[n] - piece.ranges[n].start for n in lead)
 
         def read(index: tuple[slice, ...]) -> np.ndarray:
@@ -209,13 +214,8 @@ def _piece_arrays(
             block = source[(rows, *index[1:])]
             return block if scale is None else _dequantize(block, scale, index, dtype)
 
-        block = _read_block(read, spec, offset, out, sizes, piece.ranges)
-        np.copyto(piece.buffer.transpose(to_order)[at], block, casting="unsafe")
-
-    def rows(piece: _Piece) -> slice:
-        template, out, offset, _ = parts[piece.part]
-        sizes = {a.name: a.size for a in template.axes}
-        return _first_rows(spec, offset, out, sizes, piece.ranges)
+        block = _read_block(read, spec, offset, out, sizes_of[piece.part], piece.ranges)
+        np.copyto(piece.buffer.transpose(order_of[piece.part])[at], block, casting="unsafe")
 
     # Two workers fill the devices' pieces of a tensor at once: on 2 cores this shortens the
     # copies and the first-touch page faults of the new buffers.
@@ -227,8 +227,7 @@ def _piece_arrays(
             if not needed:  # no local device holds this layer / expert
                 continue
             name = key_map[spec.hf.format(i=ids.get("layers"), j=ids.get("experts"))]
-            spans = [rows(p) for p in needed]
-            first, stop = min(r.start for r in spans), max(r.stop for r in spans)
+            first, stop = min(p.rows.start for p in needed), max(p.rows.stop for p in needed)
             source = ckpt.read_rows(name, first, stop)
             scale = None
             if fp8 is not None and name in fp8.keys:  # `read_rows` reuses its buffer: `read`

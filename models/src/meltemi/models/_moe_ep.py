@@ -276,9 +276,7 @@ def _ragged_moe(
         kept = kept & jnp.zeros_like(fits).at[order].set(fits).reshape(experts.shape)
     received = _ragged.dispatch(rows, lay, size, axis)
     # Rows past sum(group_sizes) hold nothing and are never sent back (nor their gradients).
-    gate = jax.lax.ragged_dot(received, w_gate, lay.group_sizes)
-    up = jax.lax.ragged_dot(received, w_up, lay.group_sizes)
-    out = jax.lax.ragged_dot((act(gate) * up).astype(x.dtype), w_down, lay.group_sizes)
+    out = K.grouped_mlp(received, lay.group_sizes, w_gate, w_up, w_down, act)
     back = _ragged.give_back(out, lay, rows.shape[0], axis)
     back = back * jnp.take(weights.reshape(-1), order)[:, None].astype(back.dtype)
     y = jnp.zeros((b * s, d), back.dtype).at[token_of].add(back)

@@ -50,6 +50,21 @@ def _swiglu(x: jax.Array, gate: jax.Array, up: jax.Array, act: Activation) -> ja
     return act(gate) * up
 
 
+def grouped_mlp(
+    xs: jax.Array,
+    group_sizes: jax.Array,
+    w_gate: jax.Array,
+    w_up: jax.Array,
+    w_down: jax.Array,
+    act: Activation,
+) -> jax.Array:
+    """The expert MLPs on rows `xs [R, D]` sorted by expert, `group_sizes[e]` rows for expert
+    e (rows past their sum give zeros), as grouped matmuls: `[R, D]`."""
+    gate = jax.lax.ragged_dot(xs, w_gate, group_sizes)
+    up = jax.lax.ragged_dot(xs, w_up, group_sizes)
+    return jax.lax.ragged_dot(_swiglu(xs, gate, up, act).astype(xs.dtype), w_down, group_sizes)
+
+
 def dropless(
     x: jax.Array,
     weights: jax.Array,
@@ -79,9 +94,7 @@ def dropless(
     token_of = order // top_k
     xs = jnp.take(x, token_of, axis=0)
     group_sizes = jnp.bincount(flat_experts, length=num_experts).astype(jnp.int32)
-    gate = jax.lax.ragged_dot(xs, w_gate, group_sizes)
-    up = jax.lax.ragged_dot(xs, w_up, group_sizes)
-    ys = jax.lax.ragged_dot(_swiglu(xs, gate, up, act).astype(x.dtype), w_down, group_sizes)
+    ys = grouped_mlp(xs, group_sizes, w_gate, w_up, w_down, act)
     ys = ys * jnp.take(weights.reshape(-1), order)[:, None].astype(ys.dtype)
     return jnp.zeros((num_tokens, x.shape[-1]), ys.dtype).at[token_of].add(ys)
 
