@@ -120,6 +120,20 @@ def test_top_k_cumsum_sort_roll():
     np.testing.assert_array_equal(hax.roll(x, 2, "embed").array, np.roll(x.array, 2, axis=1))
 
 
+def test_clip_roll_unbind_methods_are_the_functions(monkeypatch):
+    """The methods delegate to `hax._ops` (one definition): a patched function is what they run."""
+    x = _rand((Batch, Embed))
+    lo = hax.full((Embed,), -0.25)
+    np.testing.assert_array_equal(x.clip(lo, 0.5).array, hax.clip(x, lo, 0.5).array)
+    np.testing.assert_array_equal(x.roll(2, "embed").array, hax.roll(x, 2, "embed").array)
+    assert [u.axes for u in x.unbind("batch")] == [(Embed,)] * 3
+    calls = []
+    for name in ("clip", "roll", "unbind"):
+        monkeypatch.setattr(hax._ops, name, lambda *a, _n=name, **k: calls.append(_n))
+    x.clip(0, 1), x.roll(1, "embed"), x.unbind("batch")
+    assert calls == ["clip", "roll", "unbind"]
+
+
 def test_einsum_operand_spec_missing_axis_is_an_error():
     with pytest.raises(hax.AxisError, match=r"does not name every axis.*add '...'"):
         hax.einsum("batch -> batch", _rand((Batch, Embed)))

@@ -411,8 +411,7 @@ class NamedArray:
 
     def clip(self, a_min: Any = None, a_max: Any = None) -> NamedArray:
         """`hax.clip`: bounds may be NamedArrays, aligned by name."""
-        axes, (ra, lo, hi) = _raw_operands(self, a_min, a_max)
-        return NamedArray(jnp.clip(ra, lo, hi), axes)
+        return _hax._ops.clip(self, a_min, a_max)
 
     # --- along one axis ---
     def cumsum(self, axis: AxisSelector, *, dtype: Any = None) -> NamedArray:
@@ -425,14 +424,12 @@ class NamedArray:
         return NamedArray(jnp.argsort(self.array, self.axis_index(axis)), self.axes)
 
     def roll(self, shift: Any, axis: AxisSelector) -> NamedArray:
-        return NamedArray(jnp.roll(self.array, shift, self.axis_index(axis)), self.axes)
+        """`hax.roll`: `jnp.roll` along a named axis."""
+        return _hax._ops.roll(self, shift, axis)
 
     def unbind(self, axis: AxisSelector) -> list[NamedArray]:
-        """The slices along `axis` (the inverse of `hax.stack`)."""
-        i = self.axis_index(axis)
-        rest = self.axes[:i] + self.axes[i + 1 :]
-        moved = jnp.moveaxis(self.array, i, 0)
-        return [NamedArray(moved[j], rest) for j in range(self.axes[i].size)]
+        """The slices along `axis` (the inverse of `hax.stack`; `hax.unbind`)."""
+        return _hax._ops.unbind(self, axis)
 
     def ravel(self, new_axis_name: AxisSelector) -> NamedArray:
         """All axes merged into one (`hax.ravel`)."""

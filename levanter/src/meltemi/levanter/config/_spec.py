@@ -14,7 +14,6 @@ import math
 import os
 import pathlib
 import re
-from collections.abc import Mapping
 from typing import Any
 
 import fsspec
@@ -815,8 +814,3 @@ def resolve(config: ResolvedConfig | ml_collections.ConfigDict) -> RunSpec:
 def as_spec(config: RunSpec | ResolvedConfig | ml_collections.ConfigDict) -> RunSpec:
     """A `RunSpec` from any of the forms a caller may hold (resolving it if needed)."""
     return config if isinstance(config, RunSpec) else resolve(config)
-
-
-def validation_sources(spec: RunSpec) -> Mapping[str, md.Source]:
-    """The evaluation sources by name (besides a mixture's component validation sets)."""
-    return dict(spec.data.validation)

@@ -20,14 +20,12 @@ from meltemi.levanter.trainer._plan import batch_fields, build_optimizer, make_l
 from meltemi.levanter.trainer._warm_start import make_warm_start
 
 
-def build_parts(spec: RunSpec, mesh=None) -> RunParts:
+def build_parts(spec: RunSpec) -> RunParts:
     """Everything a run needs: the stores are built (or reopened from the cache) here.
 
     Args:
         spec: the checked config (a `ResolvedConfig` or `ConfigDict` is resolved first).
-        mesh: unused (the stores and the model do not depend on it); kept for callers.
     """
-    del mesh
     spec = as_spec(spec)
     optimizer = build_optimizer(spec)  # its errors before any store is built
     data = spec.data

@@ -14,7 +14,7 @@ from jax.experimental import multihost_utils
 
 from meltemi import data as md
 from meltemi.levanter.config import ConfigError, MixtureConfigError, MixturePlan, RunSpec
-from meltemi.levanter.trainer._eval import batch_bytes, fixed_eval_set
+from meltemi.levanter.trainer._eval import fixed_eval_set
 from meltemi.levanter.trainer._parts import EvalSet
 from meltemi.levanter.trainer._summary import display_path
 
@@ -169,12 +169,6 @@ def padding_metrics(dataset: md.PackedDataset) -> Callable[[np.ndarray], dict[st
     epoch: whole-document packing fixes it when the rows are planned)."""
     fraction = float(dataset.padding_fraction)
     return lambda rows: {"data/padding_fraction": fraction}
-
-
-def utf8_bytes(batch: Mapping[str, np.ndarray], tokenizer: md.Tokenizer) -> int:
-    """UTF-8 bytes the loss tokens (the masked-in targets) of a host batch decode to, span by
-    span (`meltemi.levanter.trainer._eval.span_bytes`: split characters count once)."""
-    return batch_bytes(batch, tokenizer)
 
 
 def eval_sets(spec: RunSpec, stores: Mapping[str, md.TokenStore]) -> list[EvalSet]:
