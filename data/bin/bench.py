@@ -32,6 +32,16 @@ All figures come from one run on this machine:
   `datasketch` is importable, `datasketch_*` measure its `MinHash.update_batch` (shingled in
   Python, as its users do) and `MinHashLSH` (same bands, insert + query + `jaccard` check) on
   the same documents: the reference.
+* `dedup_*`: fuzzy dedup quality (not speed) on the web-like corpus of
+  `pipeline/_webcorpus.py` (`--dedup_pages` pages of standard-library prose on 12 sites
+  sharing boilerplate, `--dedup_pairs` near copies planted in each true-Jaccard bucket
+  0.75-0.80 .. 0.90-0.95), threshold 0.8, 128 values: `dedup_recall_<lo>_<hi>` per bucket
+  beside `dedup_theory_<lo>_<hi>` (candidate and verified: the probability a pair is merged)
+  and `dedup_s_curve_<lo>_<hi>` (candidate only, `1 - (1 - s^r)^b`); `dedup_recall` over the
+  pairs of true Jaccard >= 0.8, `dedup_precision` (merged pairs of true Jaccard >= 0.8),
+  `dedup_false_positive_rate` (pages sharing boilerplate merged with a page below 0.8);
+  `datasketch_dedup_*` the same for datasketch's `MinHashLSH` (its own bands, `jaccard`
+  check), the reference.
 * `decontaminate_*`: one 2,000-token document against 2M evaluation hashes: sorted search
   (`contains_any`) against `np.isin` (the previous check, the reference).
 
@@ -78,6 +88,7 @@ from meltemi.data.pipeline import (
 from meltemi.data.pipeline._normalize import digest, digests, normalize_texts
 from meltemi.data.pipeline._quality import quality_reasons
 from meltemi.data.pipeline._synthetic import synthetic_corpus, write_corpus
+from meltemi.data.pipeline._webcorpus import compare_dedups, site_pair_jaccard, web_corpus
 from meltemi.data.testing import next_fit_reference, quality_reason_reference
 
 
@@ -334,6 +345,30 @@ def bench_pipeline(workdir: str, distinct: int, repeats: int, workers: int) -> d
     return out
 
 
+def bench_dedup_quality(pages: int, pairs_per_bucket: int) -> dict:
+    """Recall per true-Jaccard bucket, precision and false positives of our fuzzy dedup and
+    of datasketch's on the same web-like corpus (quality, not speed)."""
+    corpus = web_corpus(pages, pairs_per_bucket=pairs_per_bucket, seed=1)
+    same_site = site_pair_jaccard(corpus, 2000)
+    out: dict = {
+        "dedup_documents": len(corpus.texts),
+        "dedup_site_pair_jaccard_mean": float(same_site.mean()),
+        "dedup_site_pair_jaccard_max": float(same_site.max()),
+    }
+    for name, q in compare_dedups(corpus, threshold=0.8, num_perm=128).items():
+        prefix = "dedup" if name == "ours" else f"{name}_dedup"
+        out[f"{prefix}_bands_rows"] = f"{q['bands']}x{q['rows']}"
+        for b in q["buckets"]:
+            key = b["jaccard"].replace("0.", "").replace("-", "_")
+            out[f"{prefix}_recall_{key}"] = b["recall"]
+            out[f"{prefix}_theory_{key}"] = b["theory"]
+            out[f"{prefix}_s_curve_{key}"] = b["s_curve"]
+        for k in ("recall", "precision", "false_positive_rate", "single_pages"):
+            out[f"{prefix}_{k}"] = q[k]
+    out["dedup_pairs_per_bucket"] = pairs_per_bucket
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--length", type=int, default=10**9)
@@ -347,7 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pack_documents", type=int, default=100_000)
     p.add_argument("--eval_hashes", type=int, default=2_000_000)
     p.add_argument("--pipeline_documents", type=int, default=8_000)
-    p.add_argument("--only", choices=["pipeline"], help="run only this benchmark")
+    p.add_argument("--dedup_pages", type=int, default=1_000)
+    p.add_argument("--dedup_pairs", type=int, default=100, help="near copies per bucket")
+    p.add_argument("--only", choices=["pipeline", "dedup"], help="run only this benchmark")
     p.add_argument("--quick", action="store_true", help="tiny sizes (for tests)")
     args = p.parse_args(argv)
     if args.quick:
@@ -360,10 +397,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         args.short_documents, args.pack_documents, args.eval_hashes = 6_000, 5_000, 10_000
         args.pipeline_documents = 200
+        args.dedup_pages, args.dedup_pairs = 200, 10
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if args.only == "pipeline":
         with tempfile.TemporaryDirectory() as tmp:
             out = bench_pipeline(tmp, args.pipeline_documents, args.repeats, args.workers)
+    if args.only == "dedup":
+        out = bench_dedup_quality(args.dedup_pages, args.dedup_pairs)
+    if args.only:
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()},
                          indent=1))  # fmt: skip
         return 0
@@ -386,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     out.update(bench_decontamination(args.eval_hashes, 2000, args.repeats))
     with tempfile.TemporaryDirectory() as tmp:
         out.update(bench_pipeline(tmp, args.pipeline_documents, args.repeats, args.workers))
+    out.update(bench_dedup_quality(args.dedup_pages, args.dedup_pairs))
     ref = out["numpy_permutation_per_s"]
     out["feistel_numpy_vs_numpy_permutation"] = out["feistel_numpy_indices_per_s"] / ref
     out["feistel_jax_vs_numpy_permutation"] = out["feistel_jax_indices_per_s"] / ref

@@ -104,10 +104,16 @@ def test_planted_near_duplicates_are_dropped_and_the_first_is_kept():
     assert stats["similar_pairs"] >= 24 and stats["bands"] * stats["rows"] <= 128
 
 
-def test_lsh_bands_favour_recall_at_the_threshold():
-    bands, rows = lsh_params(0.8, 128)
+@pytest.mark.parametrize("threshold", [0.7, 0.8, 0.9])
+@pytest.mark.parametrize("num_perm", [128, 256])
+def test_lsh_bands_lose_almost_no_pair_just_above_the_threshold(threshold, num_perm):
+    # Candidates are verified, so the bands may pass many dissimilar pairs; what they miss
+    # is lost for good. At threshold + 0.05 they must find >= 98% of pairs, and at most 10%
+    # of the pairs 0.3 below the threshold (the verification work) may become candidates.
+    bands, rows = lsh_params(threshold, num_perm)
     p = lambda s: 1 - (1 - s**rows) ** bands  # noqa: E731
-    assert p(0.9) > 0.97 and p(0.5) < 0.01
+    assert bands * rows <= num_perm
+    assert p(threshold + 0.05) >= 0.98 and p(threshold - 0.3) <= 0.1
 
 
 def test_one_permutation_fills_every_bin_alike_for_equal_shingle_sets():

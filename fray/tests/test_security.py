@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import secrets
+import shutil
 import socket
 import stat
 import struct
+import subprocess
+import sys
 import threading
 
 import msgpack
@@ -167,14 +171,99 @@ def test_authenticated_peer_announcing_a_huge_frame_is_dropped(cluster):
     assert counter.add(1) == 1
 
 
+def _listening_addresses(port: int) -> set[str]:
+    """The local addresses of the TCP sockets listening on `port`, as the kernel lists them
+    (`/proc/net/tcp*` on Linux; psutil elsewhere): what the socket is bound to, not what the
+    cluster reports."""
+    found = set()
+    if os.path.exists("/proc/net/tcp"):
+        for name, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+            try:
+                with open(f"/proc/net/{name}") as f:
+                    rows = f.read().splitlines()[1:]
+            except FileNotFoundError:  # a kernel without IPv6
+                continue
+            for row in rows:
+                local, state = row.split()[1], row.split()[3]
+                addr, hex_port = local.split(":")
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: TCP_LISTEN
+                    raw = bytes.fromhex(addr)  # 32-bit words in host (little-endian) order
+                    raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+                    found.add(socket.inet_ntop(family, raw))
+        return found
+    import psutil
+
+    return {c.laddr.ip for c in psutil.net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == port}  # fmt: skip
+
+
 def test_actors_listen_on_loopback_only(cluster):
     counter = cluster.spawn(Counter)
-    assert counter.address[0] == "127.0.0.1"
+    assert counter.noop() is None  # up and serving
+    assert counter.address[0] == "127.0.0.1"  # what the cluster reports ...
+    assert _listening_addresses(counter.address[1]) == {"127.0.0.1"}  # ... and the kernel
+
+
+def test_the_listen_check_sees_a_socket_bound_to_every_interface():
+    # The check above can fail: a socket bound to all interfaces is listed as such.
+    with socket.create_server(("0.0.0.0", 0)) as everywhere:
+        assert _listening_addresses(everywhere.getsockname()[1]) == {"0.0.0.0"}
+    with socket.create_server(("127.0.0.1", 0)) as loopback:
+        assert _listening_addresses(loopback.getsockname()[1]) == {"127.0.0.1"}
+
+
+# Run in a private network namespace holding only `lo` and a non-loopback address on it
+# (198.51.100.7, TEST-NET-2): an actor's port must refuse that address, while a socket bound
+# to every interface accepts it (so the probe itself works).
+_IN_NAMESPACE = """
+import json, socket, sys
+sys.path[:0] = json.loads(sys.argv[1])
+from fray_test_actors import Counter
+from meltemi import fray
+
+def reached(port):
     with socket.socket() as probe:
-        probe.bind(("0.0.0.0", 0))
+        probe.bind(("198.51.100.7", 0))
+        try:
+            probe.connect(("198.51.100.7", port))
+        except OSError:
+            return False
+        return True
+
+with fray.LocalCluster() as cluster:
+    counter = cluster.spawn(Counter)
+    actor = reached(counter.address[1])
+    assert counter.add(1) == 1
+with socket.create_server(("0.0.0.0", 0)) as everywhere:
+    control = reached(everywhere.getsockname()[1])
+print(json.dumps({"actor": actor, "control": control}))
+"""
+_NETNS = ["unshare", "-rn", "sh", "-c",
+          'ip link set lo up && ip addr add 198.51.100.7/32 dev lo && exec "$@"', "sh"]  # fmt: skip
+
+
+def _namespace_works() -> bool:
+    if not (shutil.which("unshare") and shutil.which("ip")):
+        return False
+    probe = subprocess.run([*_NETNS, "true"], capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
+def test_a_non_loopback_address_cannot_reach_an_actor():
+    if _namespace_works():
+        paths = [p or os.getcwd() for p in sys.path]
+        code = [sys.executable, "-c", _IN_NAMESPACE, json.dumps(paths)]
+        proc = subprocess.run([*_NETNS, *code], capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert json.loads(proc.stdout.splitlines()[-1]) == {"actor": False, "control": True}
+        return
+    # No network namespace here: probe from this machine's own outbound interface.
+    address = _non_loopback_address()
+    with fray.LocalCluster() as cluster, socket.socket() as probe:
+        counter = cluster.spawn(Counter)
+        probe.bind((address, 0))
         with pytest.raises(OSError):
-            # Any address other than loopback cannot reach the port.
-            probe.connect((_non_loopback_address(), counter.address[1]))
+            probe.connect((address, counter.address[1]))
 
 
 def _non_loopback_address() -> str:
@@ -185,5 +274,8 @@ def _non_loopback_address() -> str:
         except OSError:
             address = "127.0.0.1"
     if address.startswith("127."):
-        pytest.skip("this machine has no non-loopback interface")
+        pytest.skip(
+            "no network namespace (unshare -rn) and no non-loopback interface to probe from; "
+            "test_actors_listen_on_loopback_only still checked the bound address"
+        )
     return address

@@ -13,7 +13,6 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
-import fcntl
 import json
 import os
 import shutil
@@ -25,8 +24,9 @@ import numpy as np
 import tensorstore as ts
 
 from meltemi.data._clean import CleanPolicy, contains_any, ngram_hashes, truncate_runs
+from meltemi.data._ledger import append_json_line, exclusive_lock, read_json_lines, write_json
 from meltemi.data._parallel import Executor, make_executor
-from meltemi.data._sources import Source, SourceError, _file_stat
+from meltemi.data._sources import Source, SourceError, file_stat
 from meltemi.data._store import (
     FORMAT,
     StoreError,
@@ -37,7 +37,7 @@ from meltemi.data._store import (
 )
 from meltemi.data._tokenizer import Tokenizer
 
-__all__ = ["build_store"]
+__all__ = ["build_store", "plan_shards"]
 
 _MAX_PROBLEMS = 20  # problem locations kept per shard in the ledger
 _MAX_EXAMPLES = 5  # `file:line` examples kept per reason (per shard, and in meta.json)
@@ -214,7 +214,7 @@ def _build_shard(task: _ShardTask) -> dict:
         for doc in _read_guarded(task.source, f, counts, problems, examples):
             _add(doc, task, counts, problems, examples, docs, locations)
         try:
-            input_bytes += _file_stat(f)[0]
+            input_bytes += file_stat(f)[0]
         except OSError:
             pass  # already counted as unreadable
     lengths = np.asarray([len(d) for d in docs], np.int64)
@@ -246,8 +246,18 @@ def _build_shard(task: _ShardTask) -> dict:
     }
 
 
-def _plan(listed: Sequence[list[str]], shard_bytes: int, min_shards: int) -> list[dict]:
-    sized = [[(f, _file_stat(f)[0]) for f in files] for files in listed]
+def plan_shards(listed: Sequence[list[str]], shard_bytes: int, min_shards: int) -> list[dict]:
+    """Cuts each source's files, in order, into shards of whole files of about `shard_bytes`.
+
+    Args:
+        listed: the files of each source (a shard never mixes two sources).
+        shard_bytes: the bytes a shard aims at (a file bigger than that is a shard alone).
+        min_shards: a smaller corpus is cut into about this many shards instead.
+
+    Returns:
+        `{"source": index into listed, "files": [...], "id": n}` per shard, ids 0, 1, ...
+    """
+    sized = [[(f, file_stat(f)[0]) for f in files] for files in listed]
     total = sum(size for files in sized for _, size in files)
     # Small corpora still get about `min_shards` shards, so that workers have work to share.
     shard_bytes = max(1, min(shard_bytes, total // max(1, min_shards)))
@@ -294,30 +304,12 @@ def _special(tok: Tokenizer, what: str) -> str:
 
 
 def _read_ledger(path: str) -> dict[int, dict]:
+    """The ledger's shards whose directory exists (a torn line: that shard is redone)."""
     done = {}
-    ledger = os.path.join(path, "ledger.jsonl")
-    if os.path.exists(ledger):
-        with open(ledger) as fh:
-            for line in fh:
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    entry = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line torn by a kill: that shard is simply redone
-                if os.path.isdir(os.path.join(path, "shards", f"{entry['shard']:05d}")):
-                    done[entry["shard"]] = entry
+    for entry in read_json_lines(os.path.join(path, "ledger.jsonl")):
+        if os.path.isdir(os.path.join(path, "shards", f"{entry['shard']:05d}")):
+            done[entry["shard"]] = entry
     return done
-
-
-def _write_atomic(path: str, name: str, obj: dict) -> None:
-    tmp = os.path.join(path, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, os.path.join(path, name))
 
 
 def build_store(
@@ -391,7 +383,7 @@ def build_store(
     if len(set(names)) != len(names):
         raise ValueError(f"build_store: source names must be unique, got {names}")
     listed = [s.files() for s in sources]  # listed once for the plan, fingerprints and records
-    shards = _plan(listed, shard_bytes, min_shards)
+    shards = plan_shards(listed, shard_bytes, min_shards)
     options = dataclasses.asdict(policy) | {"chunk_tokens": chunk_tokens}
     plan = {
         "format": FORMAT,
@@ -468,18 +460,12 @@ def _open_finished(path: str, plan: dict, tokenizer: Tokenizer) -> TokenStore | 
 def _build_lock(path: str):
     """An exclusive lock on `path/.build.lock` for the duration of a build (one builder);
     opening a finished store takes none (`_open_finished`)."""
-    fh = open(os.path.join(path, ".build.lock"), "a+")
-    try:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as e:
-            raise StoreError(
-                f"build_store: another build of {path} is running (it holds {path}/.build.lock); "
-                f"wait for it, or build on one process and TokenStore.open() on the others"
-            ) from e
+    busy = StoreError(
+        f"build_store: another build of {path} is running (it holds {path}/.build.lock); "
+        f"wait for it, or build on one process and TokenStore.open() on the others"
+    )
+    with exclusive_lock(os.path.join(path, ".build.lock"), busy):
         yield
-    finally:
-        fh.close()
 
 
 def _build_locked(
@@ -501,7 +487,7 @@ def _build_locked(
     if os.path.exists(os.path.join(path, "build.json")):
         _check_build(path, plan, finished=os.path.exists(os.path.join(path, "meta.json")))
     else:
-        _write_atomic(path, "build.json", plan)
+        write_json(os.path.join(path, "build.json"), plan)
     if os.path.exists(os.path.join(path, "meta.json")):  # finished while we waited for the lock
         return TokenStore.open(path, tokenizer)  # checks that the sources did not change
 
@@ -538,9 +524,7 @@ def _build_locked(
     try:
         with open(os.path.join(path, "ledger.jsonl"), "a") as ledger:
             for entry in executor.map_unordered(_build_shard, tasks):
-                ledger.write(json.dumps(entry, sort_keys=True) + "\n")
-                ledger.flush()
-                os.fsync(ledger.fileno())
+                append_json_line(ledger, entry)
                 done[entry["shard"]] = entry
                 if progress is not None:
                     progress(len(done), len(shards))
@@ -602,5 +586,5 @@ def _finalise(path, plan, shards, done, elapsed, tokenizer, files) -> TokenStore
         "last_build_seconds": round(elapsed, 3),
         "source_files": files,
     }
-    _write_atomic(path, "meta.json", meta)
+    write_json(os.path.join(path, "meta.json"), meta)
     return TokenStore.open(path, tokenizer)

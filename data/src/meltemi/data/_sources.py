@@ -34,6 +34,7 @@ __all__ = [
     "TextFiles",
     "file_digest",
     "file_format",
+    "file_stat",
     "open_binary",
     "parse_source",
     "stdlib_corpus",
@@ -174,8 +175,8 @@ def _local(path: str) -> str | None:
     return None if "://" in path else path
 
 
-def _file_stat(path: str) -> tuple[int, int]:
-    """(size, modification time) of a file or URL."""
+def file_stat(path: str) -> tuple[int, int]:
+    """(size in bytes, modification time in ns; 0 for a URL) of a file or URL."""
     local = _local(path)
     if local is not None:
         st = os.stat(local)
@@ -255,7 +256,7 @@ class Source(abc.ABC):
         h = hashlib.sha256()
         h.update(json.dumps([type(self).__name__, self.name, self.options()]).encode())
         for f in self.files() if files is None else files:
-            h.update(f"{f}\0{_file_stat(f)[0]}\0{file_digest(f)}\n".encode())
+            h.update(f"{f}\0{file_stat(f)[0]}\0{file_digest(f)}\n".encode())
         return h.hexdigest()
 
     def _check_files(self, files: list[str], patterns) -> list[str]:

@@ -19,6 +19,7 @@ starts Ray itself, it instead makes a private session directory (`$TMPDIR/ray-XX
 
 from __future__ import annotations
 
+import inspect
 import os
 import secrets
 import shutil
@@ -27,12 +28,12 @@ import tempfile
 import threading
 import time
 import traceback
+import warnings
 import weakref
 from typing import Any
 
 import cloudpickle
 import ray
-import ray._raylet
 import ray.exceptions
 
 from meltemi.fray._cluster import Cluster
@@ -160,9 +161,45 @@ def _write_token(path: str) -> None:
         os.close(fd)
 
 
+# Ray has no public call to forget the token it cached: `ray._raylet.AuthenticationTokenLoader`
+# (Ray 2.60, the upper bound in fray/pyproject.toml) is checked for exactly these signatures.
+_LOADER = "ray._raylet.AuthenticationTokenLoader"
+_LOADER_SIGNATURES = {"instance": (), "reset_cache": ("self",)}
+_warned_loader = threading.Event()
+
+
+def _parameter_names(fn: Any) -> tuple[str, ...] | None:
+    try:
+        return tuple(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def token_loader() -> Any:
+    """Ray's private token cache, if exactly as tested; else None and one warning a process."""
+    loader = getattr(getattr(ray, "_raylet", None), "AuthenticationTokenLoader", None)
+    found = "missing"
+    if loader is not None:
+        names = {m: _parameter_names(getattr(loader, m, None)) for m in _LOADER_SIGNATURES}
+        if names == _LOADER_SIGNATURES:
+            return loader
+        found = f"parameters {names}"
+    if not _warned_loader.is_set():
+        _warned_loader.set()
+        warnings.warn(
+            f"{_LOADER} is not as tested with Ray 2.60 ({found}): Ray keeps the token of this "
+            "process's first ray.init, so a later RayCluster that starts Ray in this process "
+            "may fail to authenticate; start it in a new process, or install the Ray version "
+            "meltemi-fray[ray] requires",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return None
+
+
 def _reload_token() -> None:
     """Makes Ray read its token settings again: it caches the token of the first `ray.init`."""
-    loader = getattr(ray._raylet, "AuthenticationTokenLoader", None)  # Ray >= 2.60
+    loader = token_loader()
     if loader is not None:
         loader.instance().reset_cache()
 

@@ -26,7 +26,13 @@ import functools
 
 import numpy as np
 
-__all__ = ["lsh_params", "minhash_signatures", "near_duplicate_drops", "word_shingles"]
+__all__ = [
+    "lsh_params",
+    "minhash_signatures",
+    "near_duplicate_components",
+    "near_duplicate_drops",
+    "word_shingles",
+]
 
 _P = np.uint64(0x100000001B3)
 _P_INV = np.uint64(pow(0x100000001B3, -1, 1 << 64))
@@ -215,14 +221,17 @@ def _false_areas(threshold: float, b: np.ndarray, r: np.ndarray) -> tuple[np.nda
 
 
 @functools.lru_cache(maxsize=64)
-def lsh_params(threshold: float, num_perm: int, fp_weight: float = 0.3) -> tuple[int, int]:
+def lsh_params(threshold: float, num_perm: int, fp_weight: float = 0.05) -> tuple[int, int]:
     """(bands, rows) with `bands * rows <= num_perm` minimising `fp_weight` times the false
     positive area plus `1 - fp_weight` times the false negative area of the banding curve
     around `threshold` (datasketch's rule and its `weights`). Candidates are verified against
-    their signatures, so false positives cost only time: the default weighs misses more.
+    their signatures, so a false candidate costs one comparison (each is linked to its
+    bucket's first member: at most `bands` per document) while a missed pair is lost: the
+    default weighs misses 19 to 1, so that the bands find 99.4% of the pairs of similarity
+    0.85 at threshold 0.8 (`(11, 11)`, the previous 0.3: 86.7%; datasketch's 0.5: 68.6%).
 
-    >>> lsh_params(0.8, 128), lsh_params(0.8, 128, 0.5)
-    ((11, 11), (9, 13))
+    >>> lsh_params(0.8, 128), lsh_params(0.8, 128, 0.3), lsh_params(0.8, 128, 0.5)
+    ((16, 8), (11, 11), (9, 13))
     """
     pairs = np.array([(b, r) for b in range(1, num_perm + 1) for r in range(1, num_perm // b + 1)])
     fp, fn = _false_areas(threshold, pairs[:, 0], pairs[:, 1])
@@ -258,6 +267,22 @@ def near_duplicate_drops(
 
     Row order is input order: each component keeps its first row.
     """
+    label, stats = near_duplicate_components(
+        signatures, has, threshold=threshold, bands=bands, rows=rows
+    )
+    drop = label != np.arange(len(label))
+    clusters = int(len(np.unique(label[drop])))
+    return drop, {**stats, "clusters": clusters, "bands": bands, "rows": rows}
+
+
+def near_duplicate_components(
+    signatures: np.ndarray, has: np.ndarray, *, threshold: float, bands: int, rows: int
+) -> tuple[np.ndarray, dict]:
+    """Component label of each document (its component's first row, int64 [n]) and stats.
+
+    Two documents are linked when they share a band key and their signatures agree in at
+    least `threshold` of the values; documents without shingles are alone.
+    """
     n = len(signatures)
     idx = np.flatnonzero(has)
     pairs_i, pairs_j = [], []
@@ -284,12 +309,4 @@ def near_duplicate_drops(
     agree = (sig[pi] == sig[pj]).mean(axis=1) if len(pi) else np.zeros(0)
     ok = agree >= threshold
     label = _components(n, idx[pi[ok]], idx[pj[ok]])
-    drop = label != np.arange(n)
-    stats = {
-        "candidate_pairs": int(len(pi)),
-        "similar_pairs": int(ok.sum()),
-        "clusters": int(len(np.unique(label[drop]))),
-        "bands": bands,
-        "rows": rows,
-    }
-    return drop, stats
+    return label, {"candidate_pairs": int(len(pi)), "similar_pairs": int(ok.sum())}

@@ -1,4 +1,4 @@
-"""The pipeline: plan, ledger, stages in order, report.
+"""The pipeline: plan, ledger, the stages of `stage_table` in order, report.
 
     DIR/pipeline.json        the plan: options that change the output, the input files (size
                              and content digest each), shard -> files
@@ -17,32 +17,36 @@ written, a power cut at most the lines of the stage that was running). A rerun s
 tasks that were running, and a rerun of a finished one (report.json present, same plan) does
 nothing. The global steps (which rows are exact and near duplicates) are pure functions of
 the previous stages' files, so a resumed run recomputes the same answer.
+
+What each stage is (name, kind, what it reads, what it writes, how it makes its tasks,
+whether they run inline) is one `Stage` entry of `stage_table`; the driver (`_Run`) knows
+nothing else of any stage, so adding a stage is adding an entry.
 """
 
 from __future__ import annotations
 
 import collections
 import collections.abc
-import contextlib
 import dataclasses
-import fcntl
+import functools
 import json
 import math
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Callable
+from typing import Literal
 
 import numpy as np
 
 from meltemi import fray
-from meltemi.data._build import _plan, build_store
-from meltemi.data._sources import Files, ParquetFiles, _file_stat, file_digest
+from meltemi.data._build import build_store, plan_shards
+from meltemi.data._ledger import StageLedger, exclusive_lock, write_json
+from meltemi.data._sources import Files, ParquetFiles, file_digest, file_stat
 from meltemi.data._tokenizer import load_tokenizer
 from meltemi.data.pipeline._minhash import lsh_params, near_duplicate_drops
 from meltemi.data.pipeline._quality import QualityConfig
-from meltemi.data.pipeline._runner import TaskPool, _inline
+from meltemi.data.pipeline._runner import TaskPool, run_inline
 from meltemi.data.pipeline._stages import (
     ShardTask,
     filter_shard,
@@ -56,8 +60,10 @@ __all__ = [
     "INLINE_BELOW_BYTES",
     "PipelineConfig",
     "PipelineError",
+    "Stage",
     "format_report",
     "run_pipeline",
+    "stage_table",
 ]
 
 FORMAT = "meltemi-pipeline/1"
@@ -167,99 +173,218 @@ class PipelineConfig:
         return out
 
     def stages(self) -> list[str]:
-        out = ["normalize"]
-        if self.exact_dedup:
-            out.append("exact_dedup")
-        if self.fuzzy_dedup:
-            out += ["minhash", "fuzzy_dedup"]
-        return [*out, "quality"]
-
-
-def _write_json(path: str, obj) -> None:
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-@contextlib.contextmanager
-def _lock(path: str):
-    fh = open(os.path.join(path, ".pipeline.lock"), "a+")
-    try:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as e:
-            raise PipelineError(
-                f"output={path!r}: another pipeline is running on it (it holds "
-                f"{path}/.pipeline.lock); wait for it or use another --output"
-            ) from e
-        yield
-    finally:
-        fh.close()
-
-
-class _Ledger:
-    """`ledger.jsonl`: one line per finished (stage, shard); appended and fsynced."""
-
-    def __init__(self, root: str):
-        self.path = os.path.join(root, "ledger.jsonl")
-        self.entries: dict[tuple[str, int], dict] = {}
-        self.plans: dict[str, dict] = {}
-        if os.path.exists(self.path):
-            with open(self.path) as fh:
-                for line in fh:
-                    try:
-                        entry = json.loads(line)
-                    except json.JSONDecodeError:
-                        continue  # torn by a kill: that task is redone
-                    if "plan" in entry:
-                        self.plans[entry["stage"]] = entry["plan"]
-                    elif entry.get("quarantined") or os.path.exists(entry["output"]):
-                        self.entries[(entry["stage"], entry["shard"])] = entry
-
-    def add(self, entry: dict, sync: bool = True) -> None:
-        """Appends `entry` (written through at once, so a kill loses nothing); `sync=False`
-        leaves the fsync to a later `sync()` (one per stage, not one per task)."""
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(entry, sort_keys=True) + "\n")
-            fh.flush()
-            if sync:
-                os.fsync(fh.fileno())
-        if "plan" in entry:
-            self.plans[entry["stage"]] = entry["plan"]
-        else:
-            self.entries[(entry["stage"], entry["shard"])] = entry
-
-    def sync(self) -> None:
-        if os.path.exists(self.path):
-            with open(self.path, "a") as fh:
-                os.fsync(fh.fileno())
-
-    def done(self, stage: str, shard: int) -> dict | None:
-        return self.entries.get((stage, shard))
+        """The names of the stages this config runs, in order (`stage_table`)."""
+        return [s.name for s in stage_table(self)]
 
 
 class _Stopped(Exception):
     """`stop_after_tasks` ran out (tests and incremental runs)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One stage of the pipeline: all the driver knows about it, in one entry.
+
+    The driver runs the entries of `stage_table` in order, with no other knowledge of any
+    stage: it skips what the ledger lists, runs the rest, records each outcome, and builds
+    the stage's report row. A stage's shards are the ones the stage before it kept.
+
+    Attributes:
+        name: its name in the ledger, the report and `DIR/stages/<name>/`.
+        kind: `"map"`: each shard's task reads a file and writes one of its own;
+            `"dedup"`: a global step over every shard picks the rows to drop, each shard's
+            task records its rows (a `.npy` of rows of the normalised file), and every
+            later stage skips them (`ShardTask.drop`). The step drops only rows that
+            reached it (`_Run.dropped_before`), so each stage's `in` is the last one's `kept`.
+        reads: the stage whose files its tasks (`"map"`) or its global step (`"dedup"`)
+            read; None: the input files.
+        writes: the file a shard's task writes, relative to DIR (`{shard:05d}` filled in).
+        fn: the shard task, `ShardTask -> counts` (its ledger line).
+        tasks: `tasks(run, stage) -> [ShardTask]`, every shard that reaches the stage.
+        inline: run the tasks in the driver (they only write a list of rows), not on actors.
+        when: whether this config runs the stage.
+        sums: ledger counts beyond in/kept/dropped that the report row sums over shards.
+    """
+
+    name: str
+    kind: Literal["map", "dedup"]
+    reads: str | None
+    writes: str
+    fn: Callable[[ShardTask], dict]
+    tasks: Callable[[_Run, Stage], list[ShardTask]]
+    inline: bool = False
+    when: bool = True
+    sums: tuple[str, ...] = ()
+
+
+# Every list of dropped rows is of rows of this stage's file (the one copy of the documents).
+_ROWS_OF = "normalize"
+
+
+def stage_table(config: PipelineConfig) -> tuple[Stage, ...]:
+    """The stages `config` runs, in order; adding a stage is adding an entry here.
+
+    >>> [s.name for s in stage_table(PipelineConfig(["in.jsonl"], "out", fuzzy_dedup=False))]
+    ['normalize', 'exact_dedup', 'quality']
+    """
+    cfg = config
+    table = (
+        Stage(
+            "normalize", "map", reads=None, writes="stages/normalize/{shard:05d}.parquet",
+            fn=normalize_shard,
+            tasks=functools.partial(_input_tasks, options={
+                "text_key": cfg.text_key,
+                "max_run": cfg.max_run,
+                "max_document_chars": cfg.max_document_chars,
+            }),
+            sums=("truncated_files", "input_bytes"),
+        ),
+        Stage(
+            "exact_dedup", "dedup", reads="normalize", writes="stages/exact_dedup/{shard:05d}.npy",
+            fn=filter_shard,
+            tasks=functools.partial(_dedup_tasks, drops=_exact_drops, reason="exact_duplicate"),
+            inline=True,
+            when=cfg.exact_dedup,
+        ),
+        Stage(
+            "minhash", "map", reads="normalize", writes="stages/minhash/{shard:05d}.npz",
+            fn=minhash_shard,
+            tasks=functools.partial(_survivor_tasks, options={
+                "num_perm": cfg.num_perm, "shingle_size": cfg.shingle_size, "seed": cfg.seed
+            }),
+            when=cfg.fuzzy_dedup,
+        ),
+        Stage(
+            "fuzzy_dedup", "dedup", reads="minhash", writes="stages/fuzzy_dedup/{shard:05d}.npy",
+            fn=filter_shard,
+            tasks=functools.partial(_dedup_tasks, drops=_fuzzy_drops, reason="near_duplicate"),
+            inline=True,
+            when=cfg.fuzzy_dedup,
+        ),
+        Stage(
+            "quality", "map", reads="normalize", writes="documents/{shard:05d}.parquet",
+            fn=quality_shard,
+            tasks=functools.partial(_survivor_tasks, quality=cfg.quality),
+        ),
+    )  # fmt: skip
+    return tuple(s for s in table if s.when)
+
+
+def _input_tasks(run: _Run, stage: Stage, *, options: dict) -> list[ShardTask]:
+    """One task per planned shard, reading the shard's input files."""
+    return [
+        ShardTask(s["id"], tuple(s["files"]), run.path(stage.name, s["id"]), options)
+        for s in run.shards
+    ]
+
+
+def _survivor_tasks(run: _Run, stage: Stage, **fields) -> list[ShardTask]:
+    """One task per shard that reached `stage`, reading `stage.reads` without the rows the
+    dedup stages before it drop; `fields` are the stage's `ShardTask` settings."""
+    alive = run.alive(run.previous(stage))
+    pending = [s for s in alive if run.ledger.done(stage.name, s) is None]
+    drop = {s: run.dropped_before(stage, s) for s in pending}
+    return [
+        ShardTask(
+            s, (run.path(stage.reads, s),), run.path(stage.name, s), drop=drop.get(s), **fields
+        )
+        for s in alive
+    ]
+
+
+def _dedup_tasks(
+    run: _Run,
+    stage: Stage,
+    *,
+    drops: Callable[[_Run, Stage, list[int]], tuple[dict[int, np.ndarray], dict | None]],
+    reason: str,
+) -> list[ShardTask]:
+    """The global step `drops` (run only if a shard is left to do), then one task per shard
+    that reached `stage`, recording its dropped rows under `reason`."""
+    source = run.previous(stage)  # its `kept` rows reach this stage
+    alive = run.alive(source)
+    dropped: dict[int, np.ndarray] = {}
+    if any(run.ledger.done(stage.name, s) is None for s in alive):
+        # A pure function of the previous stages' files: a resumed run gets the same answer.
+        dropped, stats = drops(run, stage, alive)
+        if stats is not None:
+            run.ledger.add({"stage": stage.name, "plan": stats})
+    return [
+        ShardTask(
+            s,
+            (run.path(_ROWS_OF, s),),
+            run.path(stage.name, s),
+            {"in": run.ledger.done(source, s)["kept"]},
+            drop=dropped.get(s),
+            reason=reason,
+        )
+        for s in alive
+    ]
+
+
+def _exact_drops(run: _Run, stage: Stage, shards: list[int]) -> tuple[dict[int, np.ndarray], None]:
+    """Rows of each shard's normalised file whose text is a duplicate of an earlier row
+    (input order)."""
+    digests = [read_table(run.path(stage.reads, s), ["digest"])["digest"] for s in shards]
+    if not digests:
+        return {}, None
+    allv = np.concatenate(digests)
+    _, first = np.unique(allv, return_index=True)  # first occurrence in input order
+    dup = np.ones(len(allv), bool)
+    dup[first] = False
+    bounds = np.cumsum([0] + [len(d) for d in digests])
+    return {s: np.flatnonzero(dup[bounds[i] : bounds[i + 1]]) for i, s in enumerate(shards)}, None
+
+
+def _fuzzy_drops(run: _Run, stage: Stage, shards: list[int]) -> tuple[dict[int, np.ndarray], dict]:
+    """Rows of each shard's normalised file that are near-duplicates of an earlier row among
+    those that reached minhash, and the LSH statistics."""
+    cfg = run.config
+    sigs, has, rows = [], [], []
+    for s in shards:
+        with np.load(run.path(stage.reads, s)) as z:
+            sigs.append(z["sig"])
+            has.append(z["has"])
+            rows.append(z["rows"])
+    if not sigs:
+        return {}, {}
+    bands, nrows = lsh_params(float(cfg.near_duplicate_threshold), cfg.num_perm)
+    start = time.perf_counter()
+    drop, stats = near_duplicate_drops(
+        np.concatenate(sigs),
+        np.concatenate(has),
+        threshold=float(cfg.near_duplicate_threshold),
+        bands=bands,
+        rows=nrows,
+    )
+    stats["seconds"] = round(time.perf_counter() - start, 4)
+    bounds = np.cumsum([0] + [len(x) for x in sigs])
+    return {
+        s: rows[i][np.flatnonzero(drop[bounds[i] : bounds[i + 1]])] for i, s in enumerate(shards)
+    }, stats
+
+
 @dataclasses.dataclass
 class _Run:
     config: PipelineConfig
     root: str
-    ledger: _Ledger
+    ledger: StageLedger
     shards: list[dict]
     pool: TaskPool
     budget: int | None
     log: Callable[[str], None]
+    stages: tuple[Stage, ...]
+
+    def stage(self, name: str) -> Stage:
+        return next(s for s in self.stages if s.name == name)
 
     def path(self, stage: str, shard: int) -> str:
-        if stage == "quality":
-            return os.path.join(self.root, "documents", f"{shard:05d}.parquet")
-        ext = {"normalize": "parquet", "minhash": "npz"}.get(stage, "npy")
-        return os.path.join(self.root, "stages", stage, f"{shard:05d}.{ext}")
+        """The file the task of (`stage`, `shard`) writes (`Stage.writes`)."""
+        return os.path.join(self.root, self.stage(stage).writes.format(shard=shard))
+
+    def previous(self, stage: Stage) -> str:
+        """The stage before `stage`: the shards it kept reach `stage`."""
+        return self.stages[[s.name for s in self.stages].index(stage.name) - 1].name
 
     def alive(self, stage: str) -> list[int]:
         """Shards whose output of `stage` exists (finished, not quarantined)."""
@@ -270,33 +395,36 @@ class _Run:
                 out.append(s["id"])
         return out
 
-    def dropped_before(self, stage: str, shard: int) -> np.ndarray | None:
+    def dropped_before(self, stage: Stage, shard: int) -> np.ndarray | None:
         """Rows of the shard's normalised file that the dedup stages before `stage` drop."""
-        stages = self.config.stages()
-        before = [s for s in stages[: stages.index(stage)] if s in ("exact_dedup", "fuzzy_dedup")]
-        drops = [np.load(self.path(s, shard)) for s in before]
+        before = self.stages[: [s.name for s in self.stages].index(stage.name)]
+        drops = [np.load(self.path(s.name, shard)) for s in before if s.kind == "dedup"]
         return np.unique(np.concatenate(drops)) if drops else None
 
-    def run(self, stage: str, fn, tasks: list[ShardTask], inline: bool = False) -> None:
-        """Runs the tasks of `stage` the ledger does not list; records each outcome.
-
-        `inline`: in this process (tasks that only write a list of rows), not on the pool."""
-        todo = [t for t in tasks if self.ledger.done(stage, t.shard) is None]
+    def run(self, stage: Stage) -> None:
+        """Runs the tasks of `stage` the ledger does not list; records each outcome."""
+        tasks = stage.tasks(self, stage)
+        todo = [t for t in tasks if self.ledger.done(stage.name, t.shard) is None]
         if self.budget is not None:
             if self.budget <= 0 and todo:
                 raise _Stopped
             todo = todo[: self.budget]
         if not todo:
             return
-        self.log(f"{stage}: {len(todo)} shard tasks")
+        self.log(f"{stage.name}: {len(todo)} shard tasks")
         items = [(t.shard, t) for t in todo]
-        outcomes = _inline(fn, items, self.pool.retries) if inline else self.pool.run(fn, items)
+        if stage.inline:
+            outcomes = run_inline(stage.fn, items, self.pool.retries)
+        else:
+            outcomes = self.pool.run(stage.fn, items)
         output = {t.shard: t.output for t in todo}
         try:
-            self._record(stage, outcomes, output)
+            self._record(stage.name, outcomes, output)
         finally:
             self.ledger.sync()
-        if self.budget is not None and any(self.ledger.done(stage, t.shard) is None for t in tasks):
+        if self.budget is not None and any(
+            self.ledger.done(stage.name, t.shard) is None for t in tasks
+        ):
             raise _Stopped
 
     def _record(self, stage: str, outcomes, output: dict) -> None:
@@ -319,111 +447,14 @@ class _Run:
                 self.budget -= 1
 
 
-def _prev(stages: list[str], stage: str) -> str:
-    i = stages.index(stage)
-    return stages[i - 1] if stages[i - 1] != "minhash" else stages[i - 2]
-
-
-def _exact_drops(run: _Run, shards: list[int]) -> dict[int, np.ndarray]:
-    """Rows of each shard's normalised file whose text is a duplicate of an earlier row
-    (input order)."""
-    digests = [read_table(run.path("normalize", s), ["digest"])["digest"] for s in shards]
-    if not digests:
-        return {}
-    allv = np.concatenate(digests)
-    _, first = np.unique(allv, return_index=True)  # first occurrence in input order
-    dup = np.ones(len(allv), bool)
-    dup[first] = False
-    bounds = np.cumsum([0] + [len(d) for d in digests])
-    return {s: np.flatnonzero(dup[bounds[i] : bounds[i + 1]]) for i, s in enumerate(shards)}
-
-
-def _fuzzy_drops(run: _Run, shards: list[int]) -> tuple[dict[int, np.ndarray], dict]:
-    """Rows of each shard's normalised file that are near-duplicates of an earlier row among
-    those that reached minhash, and the LSH statistics."""
-    cfg = run.config
-    sigs, has, rows = [], [], []
-    for s in shards:
-        with np.load(run.path("minhash", s)) as z:
-            sigs.append(z["sig"])
-            has.append(z["has"])
-            rows.append(z["rows"])
-    if not sigs:
-        return {}, {}
-    bands, nrows = lsh_params(float(cfg.near_duplicate_threshold), cfg.num_perm)
-    start = time.perf_counter()
-    drop, stats = near_duplicate_drops(
-        np.concatenate(sigs),
-        np.concatenate(has),
-        threshold=float(cfg.near_duplicate_threshold),
-        bands=bands,
-        rows=nrows,
-    )
-    stats["seconds"] = round(time.perf_counter() - start, 4)
-    bounds = np.cumsum([0] + [len(x) for x in sigs])
-    return {
-        s: rows[i][np.flatnonzero(drop[bounds[i] : bounds[i + 1]])] for i, s in enumerate(shards)
-    }, stats
-
-
-def _stage_tasks(run: _Run, stage: str) -> tuple[Callable, list[ShardTask]]:
-    cfg = run.config
-    stages = cfg.stages()
-    if stage == "normalize":
-        opts = {"text_key": cfg.text_key, "max_run": cfg.max_run}
-        opts["max_document_chars"] = cfg.max_document_chars
-        tasks = [
-            ShardTask(s["id"], tuple(s["files"]), run.path(stage, s["id"]), opts)
-            for s in run.shards
-        ]
-        return normalize_shard, tasks
-    source = _prev(stages, stage)
-    # A shard quarantined by minhash has no signatures: fuzzy dedup skips it too.
-    alive = run.alive("minhash" if stage == "fuzzy_dedup" else source)
-    pending = [s for s in alive if run.ledger.done(stage, s) is None]
-    normalized = {s: (run.path("normalize", s),) for s in alive}
-    if stage in ("minhash", "quality"):  # read the normalised file, skip the dropped rows
-        drop = {s: run.dropped_before(stage, s) for s in pending}
-        if stage == "minhash":
-            opts = {"num_perm": cfg.num_perm, "shingle_size": cfg.shingle_size, "seed": cfg.seed}
-            fn, kw = minhash_shard, {"options": opts}
-        else:
-            fn, kw = quality_shard, {"quality": cfg.quality}
-        tasks = [
-            ShardTask(s, normalized[s], run.path(stage, s), drop=drop.get(s), **kw) for s in alive
-        ]
-        return fn, tasks
-    drops: dict[int, np.ndarray] = {}
-    if pending:  # the global step: a pure function of the previous stages' files
-        if stage == "exact_dedup":
-            drops = _exact_drops(run, alive)
-        else:
-            drops, stats = _fuzzy_drops(run, run.alive("minhash"))
-            run.ledger.add({"stage": stage, "plan": stats})
-    reason = "exact_duplicate" if stage == "exact_dedup" else "near_duplicate"
-    into = "minhash" if stage == "fuzzy_dedup" else source  # its `kept` rows reach this stage
-    tasks = [
-        ShardTask(
-            s,
-            normalized[s],
-            run.path(stage, s),
-            {"in": run.ledger.done(into, s)["kept"]},
-            drop=drops.get(s),
-            reason=reason,
-        )
-        for s in alive
-    ]
-    return filter_shard, tasks
-
-
 def _input_records(files: list[str]) -> list[dict]:
-    return [{"path": f, "size": _file_stat(f)[0], "digest": file_digest(f)} for f in files]
+    return [{"path": f, "size": file_stat(f)[0], "digest": file_digest(f)} for f in files]
 
 
 def _check_plan(root: str, plan: dict) -> None:
     path = os.path.join(root, "pipeline.json")
     if not os.path.exists(path):
-        _write_json(path, plan)
+        write_json(path, plan)
         return
     with open(path) as fh:
         old = json.load(fh)
@@ -448,8 +479,8 @@ def _merge_examples(entries: list[dict], limit: int = 5) -> dict[str, list[str]]
     return dict(sorted(out.items()))
 
 
-def _stage_report(run: _Run, stage: str) -> dict:
-    entries = [run.ledger.done(stage, s["id"]) for s in run.shards]
+def _stage_report(run: _Run, stage: Stage) -> dict:
+    entries = [run.ledger.done(stage.name, s["id"]) for s in run.shards]
     entries = [e for e in entries if e is not None]
     ok = [e for e in entries if not e.get("quarantined")]
     dropped: collections.Counter = collections.Counter()
@@ -459,7 +490,7 @@ def _stage_report(run: _Run, stage: str) -> dict:
         altered.update(e.get("altered", {}))
     files = {s["id"]: s["files"] for s in run.shards}
     row = {
-        "stage": stage,
+        "stage": stage.name,
         "in": sum(e["in"] for e in ok),
         "kept": sum(e["kept"] for e in ok),
         "dropped": dict(sorted(dropped.items())),
@@ -478,11 +509,10 @@ def _stage_report(run: _Run, stage: str) -> dict:
             if e.get("quarantined")
         ],  # fmt: skip
     }
-    if stage == "normalize":
-        row["truncated_files"] = sum(e.get("truncated_files", 0) for e in ok)
-        row["input_bytes"] = sum(e.get("input_bytes", 0) for e in ok)
-    if stage in run.ledger.plans:
-        row["plan"] = run.ledger.plans[stage]
+    for key in stage.sums:
+        row[key] = sum(e.get(key, 0) for e in ok)
+    if stage.name in run.ledger.plans:
+        row["plan"] = run.ledger.plans[stage.name]
     return row
 
 
@@ -504,21 +534,23 @@ class _QuarantiningExecutor:
 
 
 def _tokenize(run: _Run) -> dict | None:
-    """Builds DIR/store from `documents/`, one store shard per pipeline shard; a shard whose
-    store task crashes or times out after the retries is quarantined (ledger stage
-    `tokenize`) and the store is rebuilt from the others, so the job always finishes."""
+    """Builds DIR/store from the last stage's files (`documents/`), one store shard per
+    pipeline shard; a shard whose store task crashes or times out after the retries is
+    quarantined (ledger stage `tokenize`) and the store is rebuilt from the others, so the
+    job always finishes."""
     cfg = run.config
+    last = run.stages[-1].name
     tokenizer = load_tokenizer(cfg.tokenizer)
     store_path = os.path.join(run.root, "store")
     start = time.perf_counter()
     while True:
-        shards = [s for s in run.alive("quality") if run.ledger.done("tokenize", s) is None]
+        shards = [s for s in run.alive(last) if run.ledger.done("tokenize", s) is None]
         if not shards:
             run.log("tokenize: no documents survived (every shard quarantined?); no store built")
             return None
         executor = _QuarantiningExecutor(run.pool)
         store = build_store(
-            [ParquetFiles("documents", [run.path("quality", s) for s in shards])],
+            [ParquetFiles("documents", [run.path(last, s) for s in shards])],
             tokenizer,
             store_path,
             executor=executor,
@@ -549,7 +581,7 @@ def _tokenize(run: _Run) -> dict | None:
     quarantined = [run.ledger.done("tokenize", s["id"]) for s in run.shards]
     return {
         "stage": "tokenize",
-        "in": sum(run.ledger.done("quality", s)["kept"] for s in shards),
+        "in": sum(run.ledger.done(last, s)["kept"] for s in shards),
         "kept": store.num_documents,
         "dropped": store.skipped,
         "altered": {},
@@ -604,9 +636,13 @@ def run_pipeline(
     root = config.output
     log = log or (lambda _: None)
     os.makedirs(root, exist_ok=True)
-    with _lock(root):
+    busy = PipelineError(
+        f"output={root!r}: another pipeline is running on it (it holds "
+        f"{root}/.pipeline.lock); wait for it or use another --output"
+    )
+    with exclusive_lock(os.path.join(root, ".pipeline.lock"), busy):
         files = Files("input", config.inputs, text_key=config.text_key).files()
-        shards = _plan([files], config.shard_bytes, config.min_shards)
+        shards = plan_shards([files], config.shard_bytes, config.min_shards)
         plan = {
             "format": FORMAT,
             "options": config.plan_options(),
@@ -629,13 +665,14 @@ def run_pipeline(
             )
             cluster = None
         pool = TaskPool(cluster, workers, config.task_timeout_s, config.retries, _WARM)
-        run = _Run(config, root, _Ledger(root), plan["shards"], pool, stop_after_tasks, log)
+        stages = stage_table(config)
+        ledger = StageLedger(root)
+        run = _Run(config, root, ledger, plan["shards"], pool, stop_after_tasks, log, stages)
         start = time.perf_counter()
         try:
-            for stage in config.stages():
-                fn, tasks = _stage_tasks(run, stage)
-                run.run(stage, fn, tasks, inline=fn is filter_shard)
-            rows = [_stage_report(run, stage) for stage in config.stages()]
+            for stage in stages:
+                run.run(stage)
+            rows = [_stage_report(run, stage) for stage in stages]
             if config.tokenize:
                 if run.budget is not None and run.budget <= 0:
                     raise _Stopped
@@ -647,20 +684,20 @@ def run_pipeline(
             return None
         finally:
             pool.close()
-        quality = next(r for r in rows if r["stage"] == "quality")
+        last = rows[len(stages) - 1]  # the last stage writes documents/
         input_bytes = rows[0]["input_bytes"]
         elapsed = time.perf_counter() - start
         report = {
             "format": FORMAT,
             "input_files": len(files),
             "input_bytes": input_bytes,
-            "documents": quality["kept"],
+            "documents": last["kept"],
             "documents_dir": os.path.join(root, "documents"),
             "stages": rows,
             "quarantined_shards": sorted({q["shard"] for r in rows for q in r["quarantined"]}),
             "last_run_seconds": round(elapsed, 3),
         }
-        _write_json(report_path, report)
+        write_json(report_path, report)
         return report
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from meltemi import fray
 
-__all__ = ["Outcome", "TaskPool", "run_tasks"]
+__all__ = ["Outcome", "TaskPool", "run_inline", "run_tasks"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +55,11 @@ def _describe(e: BaseException, timeout: float) -> str:
     return f"{type(e).__name__}: {text[-1] if text else ''}"[:500]
 
 
-def _inline(fn, tasks, retries: int) -> Iterator[Outcome]:
+def run_inline(
+    fn: Callable[[Any], Any], tasks: list[tuple[Any, Any]], retries: int
+) -> Iterator[Outcome]:
+    """Runs `fn(item)` for each `(key, item)` in this process, in order, with `retries`
+    retries of a task that raises (no deadline: nothing can stop a hung call here)."""
     for key, item in tasks:
         for attempt in range(1, retries + 2):
             try:
@@ -131,7 +135,7 @@ class TaskPool:
         if not tasks:
             return
         if self.cluster is None:
-            yield from _inline(fn, tasks, self.retries)
+            yield from run_inline(fn, tasks, self.retries)
             return
         self._grow(min(self.workers, len(tasks)))
         done: queue.Queue = queue.Queue()

@@ -19,7 +19,7 @@ import uuid
 
 import numpy as np
 
-from meltemi.data._sources import SourceError, _file_stat
+from meltemi.data._sources import SourceError, file_stat
 from meltemi.data.pipeline._minhash import minhash_signatures
 from meltemi.data.pipeline._normalize import digests, normalize_texts, note, read_records
 from meltemi.data.pipeline._quality import QualityConfig, quality_reasons
@@ -142,7 +142,7 @@ def normalize_shard(task: ShardTask) -> dict:
             raw.append(record.text)
             metas.append(record.meta)
         try:
-            input_bytes += _file_stat(path)[0]
+            input_bytes += file_stat(path)[0]
         except OSError:
             pass
     texts, changes = normalize_texts(raw, task.options["max_run"])
