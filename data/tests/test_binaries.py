@@ -105,5 +105,7 @@ def test_pipeline_user_errors_print_one_line_and_exit_2(tmp_path, capsys):
     assert _main("pipeline")([*args, "--quality", "min_word=3"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --quality: 'min_word=3'") and "did you mean 'min_words'" in err
+    assert err.count("\n") == 1, err  # one line, not a message that goes on
     assert _main("pipeline")(args) == 2
-    assert capsys.readouterr().err.startswith("error: Files(name='input'): no files match")
+    err = capsys.readouterr().err
+    assert err.startswith("error: Files(name='input'): no files match") and err.count("\n") == 1
