@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from meltemi.data.pipeline import lsh_params, minhash_signatures, near_duplicate_drops
-from meltemi.data.pipeline._minhash import _components, word_shingles
+from meltemi.data.pipeline._minhash import connected_components, word_shingles
 from meltemi.data.pipeline._synthetic import synthetic_corpus
 
 M = (1 << 64) - 1
@@ -88,7 +88,7 @@ def test_components_equal_a_plain_union_find():
         ra, rb = find(a), find(b)
         parent[max(ra, rb)] = min(ra, rb)
     want = [min(k for k in range(n) if find(k) == find(x)) for x in range(n)]
-    assert _components(n, i, j).tolist() == want
+    assert connected_components(n, i, j).tolist() == want
 
 
 def test_planted_near_duplicates_are_dropped_and_the_first_is_kept():

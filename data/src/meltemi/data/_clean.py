@@ -9,12 +9,13 @@ import numpy as np
 __all__ = ["CleanPolicy", "contains_any", "ngram_hashes", "truncate_runs"]
 
 # Unicode whitespace (str.isspace() is True for exactly these code points): a run of mixed
-# whitespace counts as one run. A lookup table indexed by min(code point, _TOP) classifies them.
+# whitespace counts as one run. A lookup table indexed by min(code point, SPACE_TABLE_TOP)
+# classifies them.
 _SPACE = [9, 10, 11, 12, 13, 28, 29, 30, 31, 32, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B)]
 _SPACE += [0x2028, 0x2029, 0x202F, 0x205F, 0x3000]
-_TOP = 0x3001
-_IS_SPACE = np.zeros(_TOP + 1, bool)
-_IS_SPACE[_SPACE] = True
+SPACE_TABLE_TOP = 0x3001
+IS_SPACE = np.zeros(SPACE_TABLE_TOP + 1, bool)
+IS_SPACE[_SPACE] = True
 _SPACE_KEY = np.uint32(0xFFFFFFFF)
 
 
@@ -50,7 +51,7 @@ class CleanPolicy:
                 raise ValueError(f"CleanPolicy({name}={value!r}): need an int >= 1")
 
 
-def _may_have_long_run(text: str, max_run: int) -> bool:
+def may_have_long_run(text: str, max_run: int) -> bool:
     """False only if `text` has no run longer than `max_run` (of one character, or of
     whitespace); a cheap check, so that ordinary text never reaches numpy.
 
@@ -78,7 +79,7 @@ def truncate_runs(text: str, max_run: int) -> tuple[str, bool]:
     >>> truncate_runs("abc", 3)
     ('abc', False)
     """
-    if len(text) <= max_run or not _may_have_long_run(text, max_run):
+    if len(text) <= max_run or not may_have_long_run(text, max_run):
         return text, False
     ascii_only = text.isascii()
     if ascii_only:
@@ -86,7 +87,7 @@ def truncate_runs(text: str, max_run: int) -> tuple[str, bool]:
     else:
         cps = np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), np.uint32)
     keys = cps.astype(np.uint32)
-    keys[_IS_SPACE[np.minimum(keys, _TOP)]] = _SPACE_KEY
+    keys[IS_SPACE[np.minimum(keys, SPACE_TABLE_TOP)]] = _SPACE_KEY
     starts = np.flatnonzero(keys[1:] != keys[:-1]) + 1
     bounds = np.concatenate([[0], starts, [len(keys)]])
     run_lengths = np.diff(bounds)

@@ -168,7 +168,7 @@ def _expand(patterns: Sequence[str]) -> list[str]:
     return files
 
 
-def _local(path: str) -> str | None:
+def local_path(path: str) -> str | None:
     """The local path of a plain path or `file://` URL (None for other URLs)."""
     if path.startswith("file://"):
         return path.removeprefix("file://")
@@ -177,7 +177,7 @@ def _local(path: str) -> str | None:
 
 def file_stat(path: str) -> tuple[int, int]:
     """(size in bytes, modification time in ns; 0 for a URL) of a file or URL."""
-    local = _local(path)
+    local = local_path(path)
     if local is not None:
         st = os.stat(local)
         return st.st_size, st.st_mtime_ns
@@ -191,7 +191,7 @@ _DIGESTS: dict[tuple, str] = {}  # (path, size, mtime, ctime, inode) -> content 
 
 def stat_key(path: str) -> tuple | None:
     """What identifies a local file's version without reading it (None for URLs)."""
-    local = _local(path)
+    local = local_path(path)
     if local is None:
         return None
     st = os.stat(local)

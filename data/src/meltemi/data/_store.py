@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorstore as ts
 
-from meltemi.data._sources import _local, file_digest, stat_key
+from meltemi.data._sources import file_digest, local_path, stat_key
 from meltemi.data._tokenizer import Tokenizer
 
 __all__ = ["SourcesChangedError", "StoreError", "TokenStore", "TokenizerMismatchError"]
@@ -75,7 +75,7 @@ def verify_source_files(path: str, records: list[dict]) -> None:
     a file that is gone (a store copied to another machine) or a URL is not checked.
     """
     for record in records:
-        local = _local(record["path"])
+        local = local_path(record["path"])
         if local is None or not os.path.exists(local):
             continue
         key = stat_key(record["path"])

@@ -239,7 +239,7 @@ def lsh_params(threshold: float, num_perm: int, fp_weight: float = 0.05) -> tupl
     return int(b), int(r)
 
 
-def _components(n: int, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+def connected_components(n: int, i: np.ndarray, j: np.ndarray) -> np.ndarray:
     """Label (smallest member) of each node's connected component."""
     label = np.arange(n, dtype=np.int64)
     if not len(i):
@@ -308,5 +308,5 @@ def near_duplicate_components(
     pi, pj = both[0], both[1]
     agree = (sig[pi] == sig[pj]).mean(axis=1) if len(pi) else np.zeros(0)
     ok = agree >= threshold
-    label = _components(n, idx[pi[ok]], idx[pj[ok]])
+    label = connected_components(n, idx[pi[ok]], idx[pj[ok]])
     return label, {"candidate_pairs": int(len(pi)), "similar_pairs": int(ok.sum())}

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 import xxhash
 
-from meltemi.data._clean import _may_have_long_run, truncate_runs
+from meltemi.data._clean import may_have_long_run, truncate_runs
 from meltemi.data._sources import SourceError, file_format, open_binary
 
 __all__ = ["Record", "digests", "normalize_text", "normalize_texts", "read_records"]
@@ -110,7 +110,7 @@ def normalize_texts(
     """`normalize_text` of every text, vectorised: the same output, text for text.
 
     Texts that are valid NFC without controls or Unicode spaces (one RE2 pass over the
-    batch) and without long runs (`_may_have_long_run`, a few comparisons per text) are most
+    batch) and without long runs (`may_have_long_run`, a few comparisons per text) are most
     of any corpus: only those with a blank before a line end or 3+ line ends in a row (one
     more RE2 match) go through the two replaces, and all are trimmed in one pass; the rest go
     through `normalize_text`. On the bench corpus, 64 ms for 15 MB against 86 ms for
@@ -136,7 +136,7 @@ def normalize_texts(
         arr = _string_array([texts[i] for i in fast])
     slow = np.asarray(pc.match_substring_regex(arr, _SLOW), bool)
     for j in np.flatnonzero(~slow).tolist():  # the stride check of `truncate_runs` (cheap)
-        slow[j] = _may_have_long_run(texts[fast[j]], max_run)
+        slow[j] = may_have_long_run(texts[fast[j]], max_run)
     done = np.asarray(fast, np.int64)[~slow]
     arr = arr.filter(~slow)
     # Only the texts with a blank before a line end or 3+ line ends go through the replaces.

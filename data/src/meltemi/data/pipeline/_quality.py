@@ -13,7 +13,7 @@ import unicodedata
 
 import numpy as np
 
-from meltemi.data._clean import _IS_SPACE, _TOP
+from meltemi.data._clean import IS_SPACE, SPACE_TABLE_TOP
 
 __all__ = ["RULES", "QualityConfig", "QualityError", "quality_reason", "quality_reasons"]
 
@@ -88,7 +88,7 @@ def _word_stats(cp: np.ndarray, starts: np.ndarray, n: int) -> tuple[np.ndarray,
         space = (cp == 32) | ((cp - 9) <= 4) | ((cp - 28) <= 3)  # (uint8 wraps below)
         letter = ((cp | 32) - 97) <= 25
     else:
-        space = _IS_SPACE[np.minimum(cp, _TOP)]
+        space = IS_SPACE[np.minimum(cp, SPACE_TABLE_TOP)]
         letter = _letters()[np.minimum(cp, 0xFFFF)]
         for i in np.flatnonzero(cp > 0xFFFF).tolist():  # rare: outside the BMP
             c = unicodedata.category(chr(int(cp[i])))

@@ -43,7 +43,7 @@ def _document(rng, vocab, cdf, words: int) -> str:
     return "\n".join(lines)
 
 
-def _junk(rng, vocab, kind: str) -> str:
+def junk_text(rng, vocab, kind: str) -> str:
     if kind == "short":
         return " ".join(rng.choice(vocab, int(rng.integers(3, 20))))
     if kind == "symbols":
@@ -106,7 +106,7 @@ def synthetic_corpus(
         records.append({"text": " ".join(tokens), "kind": "near", "group": g})
     for j in range(junk):
         kind = JUNK_KINDS[j % len(JUNK_KINDS)]
-        records.append({"text": _junk(rng, vocab, kind), "kind": f"junk:{kind}", "group": -1})
+        records.append({"text": junk_text(rng, vocab, kind), "kind": f"junk:{kind}", "group": -1})
     order = rng.permutation(len(records))
     out = [records[i] for i in order]
     for i, r in enumerate(out):

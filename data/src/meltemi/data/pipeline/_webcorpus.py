@@ -24,12 +24,12 @@ from math import comb
 import numpy as np
 
 from meltemi.data.pipeline._minhash import (
-    _components,
+    connected_components,
     lsh_params,
     minhash_signatures,
     near_duplicate_components,
 )
-from meltemi.data.pipeline._synthetic import JUNK_KINDS, _junk
+from meltemi.data.pipeline._synthetic import JUNK_KINDS, junk_text
 
 __all__ = [
     "BUCKETS",
@@ -276,7 +276,7 @@ def web_corpus(
     junk_vocab = np.asarray(vocab)
     for j in range(junk):
         k = JUNK_KINDS[j % len(JUNK_KINDS)]
-        texts.append(_junk(rng, junk_vocab, k))
+        texts.append(junk_text(rng, junk_vocab, k))
         kind.append(f"junk:{k}")
         group.append(-1)
         site.append(-1)
@@ -464,7 +464,7 @@ def datasketch_components(
             if j > i and m.jaccard(sigs[j]) >= threshold:
                 pi.append(i)
                 pj.append(j)
-    label = _components(len(texts), np.asarray(pi, np.int64), np.asarray(pj, np.int64))
+    label = connected_components(len(texts), np.asarray(pi, np.int64), np.asarray(pj, np.int64))
     return label, (int(lsh.b), int(lsh.r))
 
 
