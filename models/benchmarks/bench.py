@@ -7,8 +7,10 @@
   layers) vs the analytic `6N + attention` count (`meltemi.models.flops_per_token`);
 * MoE dropless vs capacity path (tokens/s, same weights);
 * decode tokens/s with the KV cache vs recomputing the sequence each step;
-* compiled `generate` tokens/s against `transformers`' `generate` at batch 1 and 8
-  (`generate_bench.py`; keys `generate_tokens_per_s_bs{1,8}`, `generate_vs_transformers_bs{1,8}`);
+* compiled `generate` tokens/s against `transformers`' eager `generate` and its static cache +
+  `torch.compile` recipe at batch 1 and 8, on three Llama shapes up to 162M parameters
+  (`generate_bench.py`; headline `generate_vs_fastest_transformers_bs{1,8}` at the largest,
+  per shape under `generate_shapes`);
 * `hf.load` of a 1.7 GB bfloat16 Llama onto 8 CPU devices (FSDP): peak host memory over the
   checkpoint's bytes and time, against `transformers`' `from_pretrained` (`hf_load_bench.py`),
   and by two `jax.distributed` processes of 4 devices each (bytes fetched per process);

@@ -46,8 +46,8 @@ def _status(field: str) -> int:
 def write_checkpoint(directory: pathlib.Path, quick: bool) -> int:
     """A random bfloat16 Llama checkpoint in two shards; returns its tensor bytes."""
     import meltemi.models as mm
-    from meltemi.models import _hf_keys
-    from meltemi.models._safetensors import PendingTensor, write_sharded
+    from meltemi.models.hf import _keys as _hf_keys
+    from meltemi.models.hf._safetensors import PendingTensor, write_sharded
 
     cfg = mm.get_preset("tiny-llama").replace(
         vocab_size=32_000 if not quick else 8_000, head_dim=None, max_seq_len=2048,
@@ -87,7 +87,7 @@ def _count_fetched_bytes(counter: list[int]) -> None:
     """Adds to `counter[0]` the bytes of the checkpoint rows every `Checkpoint` read fetches."""
     import math
 
-    from meltemi.models import _safetensors
+    from meltemi.models.hf import _safetensors
 
     def row_bytes(ckpt, name: str) -> int:
         info = ckpt.tensors[name]

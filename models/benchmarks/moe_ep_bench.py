@@ -17,15 +17,15 @@ an all-to-all (n-1)/n x its size (the chunk for itself stays), a collective-perm
 `ragged` (`MoeConfig.ep_exchange="ragged"`, the all-to-all mapping): XLA:CPU cannot compile
 `ragged_all_to_all`, so its bytes are not read from a compiled program but computed from the
 routing of this batch, which is what the real op moves: the forward pass runs with the op
-lowered by `_ragged.emulate`, and each device's send and receive sizes are recorded in every
-layer. Per device and layer: its rows to other devices' experts plus the result rows it
-returns to other devices, times `hidden * 4` bytes (the rows it keeps for itself do not
-travel); the mean over layers (the dense counts above are per layer too), plus the wire bytes
-of the program's other collectives (compiled with the emulator: the all-gather of the
-`n x E` int32 counts, the router weights' gather, the loss' reductions; the emulator's own
-all-to-alls are left out). Reported: the max and mean over the 8 devices, for the capacity
-path (the config above: only kept rows travel) and dropless (every assignment travels), with
-the static receive-buffer size.
+lowered by `meltemi.models.testing`'s emulator, and each device's send and receive sizes are
+recorded in every layer. Per device and layer: its rows to other devices' experts plus the
+result rows it returns to other devices, times `hidden * 4` bytes (the rows it keeps for itself
+do not travel); the mean over layers (the dense counts above are per layer too), plus the wire
+bytes of the program's other collectives (compiled with the emulator: the all-gather of the `n x
+E` int32 counts, the router weights' gather, the loss' reductions; the emulator's own
+all-to-alls are left out). Reported: the max and mean over the 8 devices, for the capacity path
+(the config above: only kept rows travel) and dropless (every assignment travels), with the
+static receive-buffer size.
 
     python models/benchmarks/moe_ep_bench.py
 """
@@ -143,7 +143,8 @@ def _ragged_traffic(cfg, tokens) -> dict:
 
     import meltemi.haliax as hax
     import meltemi.models as mm
-    from meltemi.models import _ragged
+    from meltemi.models import testing
+    from meltemi.models.moe import _ragged
 
     cfg = cfg.replace(moe=cfg.moe.replace(ep_exchange="ragged"))
     model = mm.init(cfg, key=jax.random.key(0))  # the same weights as the dense runs
@@ -165,7 +166,7 @@ def _ragged_traffic(cfg, tokens) -> dict:
         step = hax.named_jit(eqx.Partial(lambda m, t: m.loss(t)), mapping, mesh=mesh)
         sharded = hax.shard(model, mapping, mesh)
         try:
-            with _ragged.emulated_on_cpu():
+            with testing.ragged_all_to_all_on_cpu():
                 hlo = step.lower(sharded, tokens).lowered.compile().as_text()
                 jax.block_until_ready(step(sharded, tokens))
         finally:

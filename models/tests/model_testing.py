@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 import meltemi.models as mm
-from meltemi.models import _hf_keys
+from meltemi.models.hf import _keys as _hf_keys
 
 
 def random_state_dict(config: mm.ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:

@@ -11,7 +11,7 @@ import jax
 import pytest
 
 import meltemi.models as mm
-from meltemi.models import _hf_keys
+from meltemi.models.hf import _keys as _hf_keys
 
 FAMILIES = ["tiny-mistral", "tiny-gemma2", "tiny-gemma3"]
 

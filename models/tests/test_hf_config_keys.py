@@ -8,8 +8,8 @@ import transformers
 from hf_configs import reference_config
 
 import meltemi.models as mm
-from meltemi.models._hf_config import _from_hf_config
-from meltemi.models._hf_config_keys import IRRELEVANT_KEYS, TrackedConfig
+from meltemi.models.hf._config import _from_hf_config
+from meltemi.models.hf._config_keys import IRRELEVANT_KEYS, TrackedConfig
 
 
 def _llama() -> dict:

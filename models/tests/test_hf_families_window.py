@@ -15,7 +15,8 @@ import transformers
 from safetensors.numpy import load_file
 
 import meltemi.models as mm
-from meltemi.models import _hf_keys, hf
+from meltemi.models import hf
+from meltemi.models.hf import _keys as _hf_keys
 
 FAMILIES = ["tiny-mistral", "tiny-gemma2", "tiny-gemma3"]
 TOKENS = (np.arange(3 * 13).reshape(3, 13) * 7 + 2) % 67  # batch 3, seq 13, vocab 67

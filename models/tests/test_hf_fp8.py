@@ -29,7 +29,8 @@ from test_hf_remote import READS, bucket  # noqa: E402, F401  (fixture: a stand-
 import meltemi.haliax as hax  # noqa: E402
 import meltemi.models as mm  # noqa: E402
 from meltemi.haliax import partitioning  # noqa: E402
-from meltemi.models import _safetensors, hf  # noqa: E402
+from meltemi.models import hf  # noqa: E402
+from meltemi.models.hf import _checkpoints, _safetensors  # noqa: E402
 
 F8 = np.dtype(ml_dtypes.float8_e4m3fn)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -194,7 +195,7 @@ def test_a_process_reading_rows_from_inside_a_block_gets_their_scales(tmp_path, 
         starts[name] = start
         return read_rows(self, name, start, stop)
 
-    monkeypatch.setattr(hf, "_sharding_of", lambda mesh, mapping: sharding_of)
+    monkeypatch.setattr(_checkpoints, "_sharding_of", lambda mesh, mapping: sharding_of)
     monkeypatch.setattr(jax, "make_array_from_single_device_arrays", assemble)
     monkeypatch.setattr(_safetensors.Checkpoint, "read_rows", recording)
     half, _ = hf.load(tmp_path, dtype=jnp.float32)

@@ -8,6 +8,7 @@ Two CPU processes (4 virtual devices each) join with `jax.distributed.initialize
 import json
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import sys
@@ -17,7 +18,8 @@ import numpy as np
 import pytest
 
 import meltemi.models as mm
-from meltemi.models import _safetensors, hf
+from meltemi.models import hf
+from meltemi.models.hf import _safetensors
 
 # Both workers start as process `pid` of 2 (4 CPU devices each, gloo), with `path` their
 # checkpoint directory.
@@ -59,7 +61,8 @@ LOAD_WORKER = (
 import json
 import numpy as np
 import meltemi.haliax as hax
-from meltemi.models import _safetensors, hf
+from meltemi.models import hf
+from meltemi.models.hf import _safetensors
 from test_hf_multiprocess import LOADS, random_model
 reads = []
 original = _safetensors.Checkpoint.read_rows
@@ -246,3 +249,71 @@ def test_only_process_zero_writes_the_json_files(tmp_path, monkeypatch, index):
         assert "config.json" in written and "model.safetensors.index.json" in written
     else:
         assert written == []
+
+
+# A tied checkpoint that also stores `lm_head.weight`, its embedding rows split over the two
+# processes: each compares only the head rows it reads, and both agree on the verdict.
+TIED_CONFIG = CONFIG.replace(tie_embeddings=True, vocab_size=64)
+TIED_MAPPING = {"vocab": "data"}
+TIED_CHANGED_ROW = 50  # in process 1's half (rows 32..63)
+EMBED = "model.embed_tokens.weight"
+
+TIED_WORKER = (
+    PROLOGUE
+    + r"""
+import json
+from meltemi.models import hf
+from meltemi.models.hf import _safetensors
+from test_hf_multiprocess import TIED_MAPPING
+reads = []
+original = _safetensors.Checkpoint._read_rows
+def counting(self, name, start, stop, slot):
+    out = original(self, name, start, stop, slot)
+    reads.append((name, start, start + len(out)))
+    return out
+_safetensors.Checkpoint._read_rows = counting
+mesh = jax.make_mesh((8,), ("data",))
+hf.load(os.path.join(path, "equal"), mesh=mesh, axis_mapping=TIED_MAPPING)
+equal_reads, error = list(reads), None
+try:
+    hf.load(os.path.join(path, "differs"), mesh=mesh, axis_mapping=TIED_MAPPING)
+except hf.CheckpointError as e:
+    error = str(e)
+print(json.dumps({"reads": equal_reads, "error": error}), flush=True)
+"""
+)
+
+
+def _save_tied(directory, changed_row=None):
+    from safetensors.numpy import save_file
+
+    hf.save(random_model(TIED_CONFIG), None, directory)
+    tensors = _safetensors.read_all(directory)
+    head = tensors["model.embed_tokens.weight"].copy()
+    if changed_row is not None:
+        head[changed_row] += 1.0
+    tensors["lm_head.weight"] = head
+    for f in [*directory.glob("*.safetensors"), directory / "model.safetensors.index.json"]:
+        f.unlink(missing_ok=True)
+    save_file(tensors, str(directory / "model.safetensors"))
+
+
+def test_two_processes_compare_only_their_rows_of_a_tied_head_and_agree(tmp_path):
+    _save_tied(tmp_path / "equal")
+    _save_tied(tmp_path / "differs", TIED_CHANGED_ROW)
+    logs = _run_two(TIED_WORKER, lambda i: tmp_path)
+    results = [json.loads(log.strip().splitlines()[-1]) for log in logs]
+    ckpt = _safetensors.Checkpoint(tmp_path / "equal")
+    vocab = TIED_CONFIG.vocab_size
+    for process, result in enumerate(results):
+        halves = [(n, a, b) for n, a, b in result["reads"] if n in ("lm_head.weight", EMBED)]
+        half = (process * vocab // 2, (process + 1) * vocab // 2)
+        # Its own half of the embedding, and of the head it is compared with: each once.
+        assert sorted(halves) == [("lm_head.weight", *half), (EMBED, *half)], halves
+        names = [n for n, _, _ in result["reads"]]
+        assert sorted(names) == sorted(ckpt.tensors)  # every tensor read once
+        # Only process 1 reads the changed row, yet both refuse the checkpoint, naming it.
+        assert result["error"] and re.search(
+            rf"lm_head.weight differs from {EMBED} \(first at row {TIED_CHANGED_ROW}\)",
+            result["error"],
+        ), result["error"]

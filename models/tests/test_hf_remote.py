@@ -24,7 +24,8 @@ from fsspec.implementations.local import LocalFileSystem  # noqa: E402
 import meltemi.haliax as hax  # noqa: E402
 import meltemi.models as mm  # noqa: E402
 from meltemi.haliax import partitioning  # noqa: E402
-from meltemi.models import _safetensors, _storage, hf  # noqa: E402
+from meltemi.models import hf  # noqa: E402
+from meltemi.models.hf import _safetensors, _storage  # noqa: E402
 
 _ROOT = "MELTEMI_TEST_BUCKET_ROOT"
 READS: list[tuple[str, int, int]] = []
@@ -152,3 +153,69 @@ def test_a_sharded_load_from_a_bucket_reads_each_tensor_once_not_per_piece(model
 def test_an_unknown_scheme_names_the_package_to_install(bucket):
     with pytest.raises(_storage.StorageError, match=r"no filesystem for abfs://.*install"):
         hf.load("abfs://container/ckpt")
+
+
+# -- a tied checkpoint that also stores `lm_head.weight` (issue #31, point 9) ------------------
+
+
+def _tied_in_bucket(bucket, name, changed_row=None):
+    """`gs://b/<name>`: a tied tiny-gemma checkpoint that also stores `lm_head.weight` (equal
+    to the embedding, or with one row changed); returns its model."""
+    from safetensors.numpy import save_file
+
+    config = mm.get_preset("tiny-gemma").replace(vocab_size=68)  # rows split 4 ways
+    model = mm.init(config, key=jax.random.key(1))
+    assert model.config.tie_embeddings
+    local = bucket / "b" / name
+    hf.save(model, None, local)
+    tensors = _safetensors.read_all(local)
+    head = tensors["model.embed_tokens.weight"].copy()
+    if changed_row is not None:
+        head[changed_row] += 1.0
+    tensors["lm_head.weight"] = head
+    for f in [*local.glob("*.safetensors"), local / "model.safetensors.index.json"]:
+        f.unlink(missing_ok=True)
+    save_file(tensors, str(local / "model.safetensors"))
+    return model
+
+
+def _reads_per_tensor(ckpt):
+    """Per tensor of `ckpt`: how many times its bytes were read (each read must be all of them)."""
+    spans = {
+        info.start: (name, math.prod(info.shape) * info.dtype.itemsize)
+        for name, info in ckpt.tensors.items()
+    }
+    per_tensor = collections.Counter()
+    for _, start, size in READS:
+        for first, (name, nbytes) in spans.items():
+            if first <= start < first + max(nbytes, 1):
+                assert (start, size) == (first, nbytes), (name, start, size)
+                per_tensor[name] += 1
+    return per_tensor
+
+
+def test_a_tied_checkpoint_storing_its_head_reads_each_tensor_once(bucket):
+    model = _tied_in_bucket(bucket, "tied-equal")
+    ckpt = _safetensors.Checkpoint("gs://b/tied-equal")
+    assert "lm_head.weight" in ckpt.tensors
+    mesh = partitioning.make_mesh({"data": 2, "model": 4})
+    READS.clear()
+    loaded, _ = hf.load("gs://b/tied-equal", mesh=mesh, axis_mapping={"vocab": "model"})
+    # The head is compared with the embedding as the embedding is read: both once, like the
+    # rest (before: the embedding twice, the head once, ahead of the sharded load).
+    assert _reads_per_tensor(ckpt) == dict.fromkeys(ckpt.tensors, 1)
+    embed = loaded.embed.weight.array
+    assert embed.sharding.spec[0] == "model"  # rows split over the model axis: 4 pieces
+    np.testing.assert_array_equal(np.asarray(embed), np.asarray(model.embed.weight.array))
+
+
+@pytest.mark.parametrize("row", [0, 40, 67])
+def test_a_tied_checkpoint_whose_head_differs_in_one_row_is_refused(bucket, row):
+    _tied_in_bucket(bucket, f"tied-differs-{row}", changed_row=row)
+    mesh = partitioning.make_mesh({"data": 2, "model": 4})
+    with pytest.raises(
+        hf.CheckpointError,
+        match=rf"ties the embeddings, but the checkpoint's lm_head.weight differs from "
+        rf"model.embed_tokens.weight \(first at row {row}\).*tie_word_embeddings=false",
+    ):
+        hf.load(f"gs://b/tied-differs-{row}", mesh=mesh, axis_mapping={"vocab": "model"})

@@ -18,7 +18,8 @@ from safetensors.numpy import save_file  # noqa: E402
 import meltemi.haliax as hax  # noqa: E402
 import meltemi.models as mm  # noqa: E402
 from meltemi.haliax import partitioning  # noqa: E402
-from meltemi.models import _safetensors, hf  # noqa: E402
+from meltemi.models import hf  # noqa: E402
+from meltemi.models.hf import _safetensors  # noqa: E402
 
 MESH = {"data": 2, "model": 4}
 CASES = {

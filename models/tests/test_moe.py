@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import meltemi.models as mm
-from meltemi.models import _moe_kernels as K
+from meltemi.models.moe import _kernels as K
 
 G, S, D, E, I, TOPK = 3, 13, 7, 5, 11, 2  # groups, seq, embed, experts, expert mlp, top-k
 _k = jax.random.split(jax.random.key(0), 5)

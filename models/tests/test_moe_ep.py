@@ -1,8 +1,8 @@
 """Expert parallelism with all-to-all on 8 fake CPU devices: exact, and local communication.
 
 The ragged exchange (`ep_exchange="ragged"`) runs here with `ragged_all_to_all` lowered by
-`_ragged.emulate` (XLA:CPU cannot compile the real op), checked against the op's documented
-semantics; the real op is only lowered.
+`meltemi.models.testing`'s emulator (XLA:CPU cannot compile the real op), checked against the
+op's documented semantics; the real op is only lowered.
 """
 
 import os
@@ -26,7 +26,10 @@ import pytest  # noqa: E402
 import meltemi.haliax as hax  # noqa: E402
 import meltemi.models as mm  # noqa: E402
 from meltemi.haliax import partitioning  # noqa: E402
-from meltemi.models import _moe_ep, _moe_kernels, _ragged  # noqa: E402
+from meltemi.models import testing  # noqa: E402
+from meltemi.models.moe import _ep as _moe_ep  # noqa: E402
+from meltemi.models.moe import _kernels as _moe_kernels  # noqa: E402
+from meltemi.models.moe import _ragged  # noqa: E402
 
 BASE = mm.get_preset("tiny-mixtral")
 BATCH, SEQ = 8, 13
@@ -222,7 +225,7 @@ def _pseudocode(per_device):
 def test_emulated_ragged_all_to_all_gives_the_documented_example():
     example = _documented_example()
     args, results = example[:2], [r["result"] for r in example[2:]]
-    with _ragged.emulated_on_cpu():
+    with testing.ragged_all_to_all_on_cpu():
         got = _over_devices(2, _ragged_all_to_all)(*_stack(args))
     assert np.asarray(got).reshape(2, -1).tolist() == results
     assert [r.tolist() for r in _pseudocode(args)] == results  # the reference used below
@@ -266,7 +269,7 @@ def test_emulated_ragged_all_to_all_and_its_gradient_follow_the_documented_seman
             if label:
                 expected_grad[label // 100, label % 100 - 1] = weight[g, at]
     stacked = _stack(devices)
-    with _ragged.emulated_on_cpu():
+    with testing.ragged_all_to_all_on_cpu():
         got = _over_devices(n, _ragged_all_to_all)(*stacked)
         # The primitive's own transpose rule (itself a ragged_all_to_all), lowered the same way.
         grad = jax.grad(
@@ -303,7 +306,7 @@ def test_ragged_exchange_loss_logits_and_gradients_equal_one_device(dispatch, ep
     step = hax.named_jit(
         eqx.filter_value_and_grad(_loss_and_logits, has_aux=True), EP_MAPPING, mesh=mesh
     )
-    with _ragged.emulated_on_cpu():
+    with testing.ragged_all_to_all_on_cpu():
         (loss, (metrics, logits)), grads = step(
             hax.shard(ragged, EP_MAPPING, mesh), hax.named(TOKENS, ("batch", "position"))
         )
@@ -348,7 +351,7 @@ def test_ragged_exchange_compiles_without_collectives_of_the_global_tokens():
     mesh = partitioning.make_mesh({"data": 4, "expert": 2})
     fwd = hax.named_jit(lambda m, t: m(t), EP_MAPPING, mesh=mesh)
     tokens = hax.named(TOKENS, ("batch", "position"))
-    with _ragged.emulated_on_cpu():
+    with testing.ragged_all_to_all_on_cpu():
         hlo = fwd.lower(hax.shard(model, EP_MAPPING, mesh), tokens).lowered.compile().as_text()
     found = collectives(hlo)
     assert ("all-gather", "s32[2,8]{1,0}") in found, found  # the counts: n x E integers
@@ -399,7 +402,7 @@ def _ragged_step(model, ep, monkeypatch):
     real = _ragged.dispatch
     monkeypatch.setattr(_ragged, "dispatch", lambda *a: sent.append(a[2]) or real(*a))
     mesh = partitioning.make_mesh({"data": 8 // ep, "expert": ep})
-    with _ragged.emulated_on_cpu():
+    with testing.ragged_all_to_all_on_cpu():
         out = hax.named_jit(_grad, EP_MAPPING, mesh=mesh)(
             hax.shard(model, EP_MAPPING, mesh), hax.named(TOKENS, ("batch", "position"))
         )

@@ -11,7 +11,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from meltemi.models import SafetensorsError
-from meltemi.models._safetensors import Checkpoint, PendingTensor, read_all, write_sharded
+from meltemi.models.hf import _safetensors
+from meltemi.models.hf._safetensors import Checkpoint, PendingTensor, read_all, write_sharded
 
 RNG = np.random.default_rng(0)
 TENSORS = {
@@ -181,7 +182,7 @@ def _rss_anon() -> int:
 def test_load_buffers_are_aligned_populated_and_adopted_by_device_put():
     import jax
 
-    from meltemi.models import _host_memory
+    from meltemi.models.hf import _host_memory
 
     small = _host_memory.empty((3, 5), np.float32)
     assert small.ctypes.data % 64 == 0 and small.shape == (3, 5)
@@ -196,3 +197,26 @@ def test_load_buffers_are_aligned_populated_and_adopted_by_device_put():
     del big
     gc.collect()
     assert float(on_device[-1, -1]) == 1.0
+
+
+@pytest.mark.parametrize("row", [None, 0, 6, 7, 12])
+def test_first_difference_finds_the_first_differing_row_across_read_blocks(
+    tmp_path, monkeypatch, row
+):
+    monkeypatch.setattr(_safetensors, "_COMPARE_BYTES", 3 * 5 * 4)  # blocks of 3 rows
+    a = np.random.default_rng(0).standard_normal((13, 5)).astype(np.float32)
+    b = a.copy()
+    if row is not None:
+        b[row, 4] = np.nan if row == 12 else b[row, 4] + 1  # NaN differs, as in array_equal
+        b[min(row + 4, 12), 0] += 1  # a later difference must not be the one reported
+    save_file({"a": a, "b": b}, tmp_path / "model.safetensors")
+    ckpt = Checkpoint(tmp_path)
+    rows = ckpt.read_rows("a", 2, 13)  # the scratch of read_rows stays valid meanwhile
+    differing = [] if row is None else [row, min(row + 4, 12)]
+    assert ckpt.first_difference("b", rows, 2) == min(
+        [r for r in differing if r >= 2], default=None
+    )
+    np.testing.assert_array_equal(rows, a[2:])
+    assert ckpt.first_difference("b", a[:2], 0) == min(
+        [r for r in differing if r < 2], default=None
+    )

@@ -19,14 +19,14 @@ from meltemi.models._config import (
 )
 from meltemi.models._counting import flops_per_token, param_count
 from meltemi.models._generate import generate
-from meltemi.models._hf_config import HfConfigError, from_hf_config, to_hf_config
 from meltemi.models._layers import LayerCache
-from meltemi.models._moe import MoeMlp
 from meltemi.models._presets import get_preset, list_presets
-from meltemi.models._safetensors import SafetensorsError
 from meltemi.models._sampling import SamplingConfig
-from meltemi.models._storage import StorageError
 from meltemi.models._transformer import Block, Transformer, init
+from meltemi.models.hf._config import HfConfigError, from_hf_config, to_hf_config
+from meltemi.models.hf._safetensors import SafetensorsError
+from meltemi.models.hf._storage import StorageError
+from meltemi.models.moe import MoeMlp
 
 __version__ = "0.1.0"
 

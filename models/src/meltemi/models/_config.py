@@ -12,32 +12,8 @@ import difflib
 import math
 from typing import Any, Literal
 
-FAMILIES = (
-    "llama",
-    "qwen3",
-    "mixtral",
-    "qwen3_moe",
-    "gpt2",
-    "gemma",
-    "gemma2",
-    "gemma3_text",
-    "mistral",
-    "qwen2",
-    "olmo2",
-)
-Family = Literal[
-    "llama",
-    "qwen3",
-    "mixtral",
-    "qwen3_moe",
-    "gpt2",
-    "gemma",
-    "gemma2",
-    "gemma3_text",
-    "mistral",
-    "qwen2",
-    "olmo2",
-]
+from meltemi.models._families import FAMILIES, FAMILY_FACTS, Family, FamilyFacts
+
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")
 REMAT_POLICIES = ("none", "save_carries", "full", "offload")
 MOE_DISPATCH = ("dropless", "capacity")
@@ -45,8 +21,6 @@ LOAD_BALANCING_SCOPES = ("all_layers", "per_layer")
 EP_EXCHANGES = ("auto", "dense", "ragged")
 ATTENTION_BACKENDS = ("auto", "xla", "dot_product_attention", "splash")
 LAYER_TYPES = ("full_attention", "sliding_attention")
-# Every n-th layer is global, the others slide (Hugging Face's default `layer_types`).
-_SLIDING_PATTERNS = {"gemma2": 2, "gemma3_text": 6}
 
 
 class ConfigError(ValueError):
@@ -527,7 +501,7 @@ class ModelConfig:
             )
         if not self.norm_eps > 0:
             _fail("ModelConfig", "norm_eps", self.norm_eps, "must be > 0", "norm_eps=1e-5")
-        is_moe = self.family in ("mixtral", "qwen3_moe")
+        is_moe = self.facts.moe is not None
         if is_moe and self.moe is None:
             _fail(
                 "ModelConfig",
@@ -545,7 +519,7 @@ class ModelConfig:
                 'moe=None, or family="mixtral"/"qwen3_moe"',
             )
         self._check_eos_and_rope()
-        if self.qk_norm and self.family not in ("qwen3", "qwen3_moe", "gemma3_text", "olmo2"):
+        if self.qk_norm and self.facts.qk_norm == "none":
             _fail(
                 "ModelConfig",
                 "qk_norm",
@@ -554,7 +528,7 @@ class ModelConfig:
                 'family="qwen3" (or "qwen3_moe")',
             )
         self._check_attention()
-        if self.family in ("qwen3", "qwen3_moe", "gemma3_text", "olmo2") and not self.qk_norm:
+        if self.facts.qk_norm != "none" and not self.qk_norm:
             _fail(
                 "ModelConfig",
                 "qk_norm",
@@ -591,18 +565,18 @@ class ModelConfig:
     def pre_norms(self) -> bool:
         """Norms on the attention and MLP inputs (all families but OLMo 2, which only
         normalises their outputs)."""
-        return self.family != "olmo2"
+        return self.facts.pre_norms
 
     @property
     def qkv_bias(self) -> bool:
         """Biases on the q/k/v projections but not the output one (Qwen2)."""
-        return self.family == "qwen2"
+        return self.facts.bias == "qkv"
 
     @property
     def qk_norm_whole(self) -> bool:
         """QK-norm over the whole q/k projection (all heads together: OLMo 2) rather than per
         head."""
-        return self.family == "olmo2"
+        return self.facts.qk_norm == "whole"
 
     def _check_attention(self) -> None:
         """Validates the attention fields (backend, windows, soft caps, scales)."""
@@ -645,12 +619,17 @@ class ModelConfig:
                 "must be > 0 (or None)",
                 "rope_local_theta=10000.0",
             )
-        pattern = _SLIDING_PATTERNS.get(self.family)
-        if pattern and self.layer_types == sliding_layer_types(self.num_layers, pattern):
-            # Canonical form: the family's own pattern is spelled `None` (it then follows
-            # `num_layers` when that is overridden).
+        pattern = self.facts.sliding_pattern
+        own = (
+            sliding_layer_types(self.num_layers, pattern)
+            if pattern
+            else ("sliding_attention",) * self.num_layers
+        )
+        if self.facts.sliding_window and self.layer_types == own:
+            # Canonical form: the family's own pattern (Gemma's, else every layer sliding) is
+            # spelled `None` (it then follows `num_layers` when that is overridden).
             object.__setattr__(self, "layer_types", None)
-        if self.family not in ("gemma2", "gemma3_text", "mistral", "qwen2"):
+        if not self.facts.sliding_window:
             if self.sliding_window is not None or self.layer_types is not None:
                 _fail(
                     "ModelConfig",
@@ -663,37 +642,40 @@ class ModelConfig:
 
     # Recipe, derived from the family -------------------------------------------------------
     @property
+    def facts(self) -> FamilyFacts:
+        """The family's record (`meltemi.models._families`): what the family fixes."""
+        return FAMILY_FACTS[self.family]
+
+    @property
     def head_size(self) -> int:
         """Per-head size (`head_dim` or `hidden_dim // num_heads`)."""
         return self.head_dim if self.head_dim is not None else self.hidden_dim // self.num_heads
 
     @property
     def norm_kind(self) -> Literal["rms", "rms_one_plus", "layer"]:
-        if self.family in ("gemma", "gemma2", "gemma3_text"):
-            return "rms_one_plus"
-        return {"gpt2": "layer"}.get(self.family, "rms")
+        return self.facts.norm
 
     @property
     def uses_rope(self) -> bool:
-        return self.family != "gpt2"
+        return self.facts.rope
 
     @property
     def gated_mlp(self) -> bool:
-        return self.family != "gpt2"
+        return self.facts.gated_mlp
 
     @property
     def use_bias(self) -> bool:
-        return self.family == "gpt2"
+        return self.facts.bias == "all"
 
     @property
     def scale_embeddings(self) -> bool:
-        return self.family in ("gemma", "gemma2", "gemma3_text")
+        return self.facts.scale_embeddings
 
     @property
     def post_norms(self) -> bool:
         """Norms on the attention and MLP outputs, before the residual add (Gemma 2/3; OLMo 2,
         which has only these)."""
-        return self.family in ("gemma2", "gemma3_text", "olmo2")
+        return self.facts.post_norms
 
     @property
     def sliding_layers(self) -> tuple[bool, ...]:
@@ -701,8 +683,8 @@ class ModelConfig:
         if self.sliding_window is None:
             return (False,) * self.num_layers
         types = self.layer_types
-        if types is None and self.family in _SLIDING_PATTERNS:
-            types = sliding_layer_types(self.num_layers, _SLIDING_PATTERNS[self.family])
+        if types is None and self.facts.sliding_pattern:
+            types = sliding_layer_types(self.num_layers, self.facts.sliding_pattern)
         if types is None:
             return (True,) * self.num_layers
         return tuple(t == "sliding_attention" for t in types)

@@ -12,7 +12,6 @@ import numpy as np
 
 import meltemi.haliax as hax
 import meltemi.haliax.nn as hnn
-from meltemi.models import _moe_kernels as moe_kernels
 from meltemi.models._axes import (
     BATCH,
     EMBED,
@@ -36,7 +35,8 @@ from meltemi.models._layers import (
     make_norm,
 )
 from meltemi.models._loss import blockwise_cross_entropy
-from meltemi.models._moe import MoeMlp
+from meltemi.models.moe import MoeMlp
+from meltemi.models.moe import _kernels as moe_kernels
 
 Tokens = hax.NamedArray | jax.Array | np.ndarray
 

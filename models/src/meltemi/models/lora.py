@@ -45,10 +45,10 @@ from safetensors.numpy import save_file
 
 import meltemi.haliax as hax
 import meltemi.haliax.nn as hnn
-from meltemi.models import _hf_keys as K
 from meltemi.models._axes import LAYERS
 from meltemi.models._config import ConfigError, ModelConfig
 from meltemi.models._transformer import Transformer
+from meltemi.models.hf import _keys as K
 
 __all__ = [
     "ALL_LINEAR",
@@ -393,7 +393,7 @@ def with_dropout_key(model: Any, key: jax.Array) -> Any:
 
 # -- PEFT export ------------------------------------------------------------------------------
 def _peft_specs(config: ModelConfig, names: Sequence[str]) -> dict[str, K.Spec]:
-    if config.family == "gpt2":
+    if config.facts.hf_layout == "gpt2":
         raise ConfigError(
             "lora.save_peft: GPT-2 fuses q/k/v into one Conv1D (c_attn) that PEFT adapts as a "
             "whole; export the merged model instead (hf.save(lora.merge(model), ...), the "

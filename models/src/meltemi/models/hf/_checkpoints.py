@@ -1,23 +1,4 @@
-"""Hugging Face checkpoints: `load`, `save` and cross-architecture `warm_start`.
-
-A checkpoint directory holds `config.json`, `model.safetensors` or sharded
-`model-0000k-of-0000n.safetensors` files with `model.safetensors.index.json`, and usually
-`generation_config.json` and tokenizer files. `save` also writes `meltemi_config.json` (the full
-`ModelConfig`, including fields Hugging Face has no place for, such as the MoE dispatch path),
-which `load` prefers when it agrees with `config.json`.
-
->>> import jax, numpy as np, tempfile
->>> import meltemi.models as mm
->>> from meltemi.models import hf
->>> cfg = mm.get_preset("tiny-gemma")
->>> shapes = jax.eval_shape(lambda k: mm.init(cfg, key=k), jax.random.key(0))
->>> model = jax.tree.map(lambda s: np.ones(s.shape, s.dtype), shapes)  # or mm.init(cfg, key=...)
->>> d = tempfile.mkdtemp()
->>> files = hf.save(model, cfg, d)
->>> loaded, loaded_cfg = hf.load(d)
->>> loaded_cfg == cfg
-True
-"""
+"""`load`, `save`, `warm_start` and `state_dict` of `meltemi.models.hf` (see its docstring)."""
 
 from __future__ import annotations
 
@@ -36,11 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import meltemi.haliax as hax
-from meltemi.models import _hf_keys, _hf_stream, _storage, lora
+from meltemi.models import lora
 from meltemi.models._config import ConfigError, ModelConfig
-from meltemi.models._hf_config import fp8_block_size, from_hf_config, to_hf_config
-from meltemi.models._safetensors import DEFAULT_SHARD_BYTES, Checkpoint, write_sharded
 from meltemi.models._transformer import Transformer, _jit_init
+from meltemi.models.hf import _keys, _storage, _stream
+from meltemi.models.hf._config import fp8_block_size, from_hf_config, to_hf_config
+from meltemi.models.hf._safetensors import DEFAULT_SHARD_BYTES, Checkpoint, write_sharded
 
 __all__ = [
     "CheckpointError",
@@ -161,15 +143,18 @@ def load_config(directory: str | os.PathLike) -> ModelConfig:
 def _key_map(keys: list[str], config: ModelConfig) -> dict[str, str]:
     """Checkpoint key -> the name the model expects (identity except for old GPT-2 files)."""
     # GPT-2 checkpoints from the original release lack the `transformer.` prefix.
-    if config.family == "gpt2" and "transformer.wte.weight" not in keys and "wte.weight" in keys:
+    old_gpt2 = "transformer.wte.weight" not in keys and "wte.weight" in keys
+    if config.facts.hf_layout == "gpt2" and old_gpt2:
         return {k: (k if k.startswith("lm_head.") else "transformer." + k) for k in keys}
     return {k: k for k in keys}
 
 
 def _is_tied_copy(ckpt: Checkpoint, present: dict[str, str], key: str, config: ModelConfig) -> bool:
     """Whether `key` is the `lm_head.weight` a tied checkpoint also stores (some exporters
-    write both). It must equal the embedding, compared in blocks of rows; else an error."""
-    embed = _hf_keys.embedding_key(config)
+    write both), from the header alone. It must equal the embedding: the sharded read compares
+    the two row by row as it reads the embedding (`_stream.load(same=...)`), so each is
+    read once; a different head is an error there."""
+    embed = _keys.embedding_key(config)
     if not (config.tie_embeddings and key == "lm_head.weight" and embed in present):
         return False
     head_info, embed_info = ckpt.tensors[present[key]], ckpt.tensors[present[embed]]
@@ -179,16 +164,15 @@ def _is_tied_copy(ckpt: Checkpoint, present: dict[str, str], key: str, config: M
             f"{key} has shape {head_info.shape} and {embed} {embed_info.shape}; set "
             "tie_word_embeddings=false in config.json if the head is separate"
         )
-    rows = embed_info.shape[0]
-    for start in range(0, rows, 8192):
-        block = (slice(start, min(start + 8192, rows)),)
-        if not np.array_equal(ckpt.read(present[key], block), ckpt.read(present[embed], block)):
-            raise CheckpointError(
-                f"{ckpt.directory}: the config ties the embeddings, but the checkpoint's {key} "
-                f"differs from {embed} (rows from {start}); loading would drop a trained head. "
-                "Set tie_word_embeddings=false in config.json to load it as a separate head"
-            )
     return True
+
+
+def _tied_copy_differs(directory: Any, error: _stream.RowsDiffer) -> CheckpointError:
+    return CheckpointError(
+        f"{directory}: the config ties the embeddings, but the checkpoint's {error.other} "
+        f"differs from {error.key} (first at row {error.row}); loading would drop a trained "
+        "head. Set tie_word_embeddings=false in config.json to load it as a separate head"
+    )
 
 
 _SCALE_SUFFIX = "_scale_inv"
@@ -243,7 +227,7 @@ def _fp8_scales(
     return scales
 
 
-def _sharding_of(mesh: Any, mapping: Any) -> _hf_stream.ShardingOf:
+def _sharding_of(mesh: Any, mapping: Any) -> _stream.ShardingOf:
     mesh = mesh if mesh is not None else hax.partitioning.current_mesh()
     if mesh is None:
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -284,16 +268,16 @@ def _load_into(
     scales = _fp8_scales(ckpt, present, block)
     if block is not None and dtype is None:
         dtype = jnp.bfloat16  # float8 values are meaningless without their scales
-    expected = set(_hf_keys.expected_keys(config))
+    expected = set(_keys.expected_keys(config))
     ignored = sorted(
         k
         for k in present
         if k not in expected
-        and (_hf_keys.is_ignorable(k, config) or _is_tied_copy(ckpt, present, k, config))
+        and (_keys.is_ignorable(k, config) or _is_tied_copy(ckpt, present, k, config))
     )
     unexpected = sorted(k for k in present if k not in expected and k not in ignored)
     if strict:
-        missing = [k for k in _hf_keys.expected_keys(config) if k not in present]
+        missing = [k for k in _keys.expected_keys(config) if k not in present]
         if missing or unexpected:
             report = LoadReport((), {}, tuple(missing), tuple(unexpected), tuple(ignored))
             raise CheckpointError(
@@ -303,24 +287,31 @@ def _load_into(
             )
     needs_init = [
         k
-        for spec in _hf_keys.specs_for(config)
+        for spec in _keys.specs_for(config)
         if not (init_missing_norms and spec.identity is not None)
-        for k, _ in _hf_keys._expand(spec, config)
+        for k, _ in _keys._expand(spec, config)
         if k not in present
     ]
     if needs_init and key is None:
         key = jax.random.key(0)
     template = _template(config, key if needs_init else None)
     sharding_of = _sharding_of(mesh, axis_mapping)
-    model, loaded, initialized, missing = _hf_stream.load(
-        template,
-        ckpt,
-        {k: present[k] for k in present if k in expected},
-        dtype=dtype,
-        init_missing_norms=init_missing_norms,
-        sharding_of=sharding_of,
-        fp8=None if block is None else _hf_stream.BlockScales(scales, block),
-    )
+    same = {}  # the tied head's copy, compared with the embedding as the embedding is read
+    if "lm_head.weight" in ignored:  # only ever ignored as a tied copy
+        same[present[_keys.embedding_key(config)]] = present["lm_head.weight"]
+    try:
+        model, loaded, initialized, missing = _stream.load(
+            template,
+            ckpt,
+            {k: present[k] for k in present if k in expected},
+            dtype=dtype,
+            init_missing_norms=init_missing_norms,
+            sharding_of=sharding_of,
+            fp8=None if block is None else _stream.BlockScales(scales, block),
+            same=same,
+        )
+    except _stream.RowsDiffer as e:
+        raise _tied_copy_differs(directory, e) from None
     if missing and (mesh or hax.partitioning.current_mesh()) is not None:
         # Tensors kept from the (unsharded) random template: shard them like the rest.
         mapping = axis_mapping or hax.partitioning.current_thread_local_mapping() or {}
@@ -422,7 +413,7 @@ def warm_start(
 
 def state_dict(model: Transformer, dtype: Any = None) -> dict[str, np.ndarray]:
     """The model's tensors under their Hugging Face names and layouts (numpy)."""
-    return _hf_keys.to_state_dict(model, dtype)
+    return _keys.to_state_dict(model, dtype)
 
 
 def _token_id(directory: pathlib.Path, token: str) -> int | None:
@@ -579,7 +570,7 @@ def save(
     written += ["config.json", MELTEMI_CONFIG, "generation_config.json"]
     shards = write_sharded(
         directory,
-        _hf_stream.pending_tensors(model, dtype),
+        _stream.pending_tensors(model, dtype),
         max_shard_bytes=max_shard_bytes,
         write=writer,
     )

@@ -9,11 +9,11 @@ import jax.numpy as jnp
 import meltemi.haliax as hax
 import meltemi.haliax.nn as hnn
 from meltemi.haliax import random as hrandom
-from meltemi.models import _moe_ep as moe_ep
-from meltemi.models import _moe_kernels as K
 from meltemi.models._axes import BATCH, EMBED, EXPERTS, MLP, POSITION, ModelAxes
 from meltemi.models._config import ModelConfig, MoeConfig
 from meltemi.models._layers import activation, constrain, raw_activation
+from meltemi.models.moe import _ep as moe_ep
+from meltemi.models.moe import _kernels as K
 
 
 def _expert_weight(key: jax.Array, axes: tuple[hax.Axis, ...], fan_in: int) -> hax.NamedArray:

@@ -5,7 +5,7 @@
   contiguous group with `jax.lax.ragged_dot`; no token is ever dropped.
 * `capacity_dispatch`: GShard-style dispatch/combine tensors with `capacity` slots per expert
   and group (sequence); assignments past the capacity are dropped (their MLP contribution is
-  zero). The expert computation itself is named einsums in `_moe.py`, so a mapping that shards
+  zero). The expert computation itself is named einsums in `_mlp.py`, so a mapping that shards
   the `experts` axis shards it.
 
 When nothing overflows, both paths compute the same function.

@@ -165,6 +165,6 @@ def check_all_used(d: TrackedConfig) -> None:
             f"config.json (model_type {model_type!r}) sets {key}={value!r}, an option "
             f"meltemi.models does not implement and would otherwise ignore{more}. It may change "
             f"the model's math, so it is refused. Keys this config used: {read}; keys known to "
-            "be irrelevant: meltemi.models._hf_config_keys.IRRELEVANT_KEYS. Fix: remove the "
+            "be irrelevant: meltemi.models.hf._config_keys.IRRELEVANT_KEYS. Fix: remove the "
             "key if it is inert, or add support for it"
         )

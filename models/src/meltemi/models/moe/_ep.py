@@ -51,10 +51,10 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 import meltemi.haliax as hax
-from meltemi.models import _moe_kernels as K
-from meltemi.models import _ragged
 from meltemi.models._axes import BATCH, EMBED, EXPERTS, POSITION
 from meltemi.models._config import ConfigError
+from meltemi.models.moe import _kernels as K
+from meltemi.models.moe import _ragged
 
 RAGGED_PLATFORMS = ("tpu", "gpu", "cuda", "rocm")
 """Platforms whose XLA compiles `ragged_all_to_all` (XLA:CPU does not, jax 0.10.2)."""
@@ -74,7 +74,8 @@ def resolve_exchange(exchange: str) -> str:
     platform = _platform()
     if exchange == "auto":
         return "ragged" if platform in RAGGED_PLATFORMS else "dense"
-    if exchange == "ragged" and platform not in RAGGED_PLATFORMS and not _ragged.emulating():
+    allowed = platform in RAGGED_PLATFORMS or _ragged.is_allowed_on_cpu()
+    if exchange == "ragged" and not allowed:
         raise ConfigError(
             f"MoeConfig.ep_exchange='ragged': jax.lax.ragged_all_to_all does not compile on "
             f"{platform!r} (only on {', '.join(RAGGED_PLATFORMS)}). Fix: "
@@ -160,7 +161,7 @@ def moe(
         logits: `[B, S, E]` float32 router logits (same split).
         w_gate, w_up: `[E, D, I]`; w_down: `[E, I, D]` (experts split over `ep.axis`).
         act: the gate activation.
-        top_k, normalize: routing (`_moe_kernels.route`).
+        top_k, normalize: routing (`_kernels.route`).
         capacity: slots per expert and sequence (`S` for dropless).
         exchange: a `MoeConfig.ep_exchange` value (`resolve_exchange`).
         buffer_factor: `MoeConfig.ep_buffer_factor` (the ragged exchange's bound).
@@ -247,7 +248,7 @@ def _ragged_moe(
 ):
     """One device's ragged exchange: its kept rows to their experts' devices and back.
 
-    Same sort and grouped matmuls as `_moe_kernels.dropless`, with the chunks of other
+    Same sort and grouped matmuls as `_kernels.dropless`, with the chunks of other
     devices' experts sent away and other devices' rows for mine received in their place.
     Rows that do not fit the receive buffer (`buffer_factor`) are not sent, and not kept.
     """

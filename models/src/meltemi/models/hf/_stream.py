@@ -39,10 +39,10 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 import meltemi.haliax as hax
-from meltemi.models import _hf_keys as K
-from meltemi.models import _host_memory
 from meltemi.models._config import ModelConfig
-from meltemi.models._safetensors import Checkpoint, PendingTensor
+from meltemi.models.hf import _host_memory
+from meltemi.models.hf import _keys as K
+from meltemi.models.hf._safetensors import Checkpoint, PendingTensor
 
 ShardingOf = Callable[[hax.NamedArray], jax.sharding.Sharding]
 
@@ -170,6 +170,8 @@ def _piece_arrays(
     parts: list[tuple[hax.NamedArray, tuple[str, ...], int, jax.sharding.Sharding]],
     dtype: np.dtype,
     fp8: BlockScales | None = None,
+    same: Mapping[str, str] | None = None,
+    differences: dict[str, int] | None = None,
 ) -> list[jax.Array]:
     """The parameters `parts` (`(template, out, row offset, sharding)`: one, or the pieces of
     a fused tensor such as GPT-2's `c_attn`), each built from this process's devices' pieces.
@@ -180,7 +182,10 @@ def _piece_arrays(
     there into that device's buffer, which `device_put` then adopts on CPU (64-byte aligned
     host buffers are not copied). Besides the parameters themselves, only those rows of one
     tensor are resident. A tensor with a block scale (`fp8`) is dequantized piece by piece
-    (`_dequantize`), its scale rows read with it."""
+    (`_dequantize`), its scale rows read with it. A tensor with an entry in `same` (a tied
+    checkpoint's embedding -> its stored `lm_head.weight`) is compared with the same rows of
+    that tensor as it is read (`Checkpoint.first_difference`); the first differing row goes
+    into `differences[name]`."""
     lead = K._lead(spec)
     pieces: dict[tuple, _Piece] = {}
     device_keys: list[list[tuple[jax.Device, tuple]]] = []
@@ -236,6 +241,10 @@ def _piece_arrays(
                 scale = _Scales(values.astype(np.float32), first // b0, fp8.block)
             work = functools.partial(fill, ids=ids, source=source, first=first, scale=scale)
             list(pool.map(work, needed))
+            if same and name in same and differences is not None:
+                row = ckpt.first_difference(same[name], source, first)
+                if row is not None:
+                    differences[name] = row
             del source
 
     arrays = []
@@ -254,6 +263,26 @@ def _piece_arrays(
     return arrays
 
 
+class RowsDiffer(ValueError):
+    """`key` differs from `other`, which it should equal, first at row `row`."""
+
+    def __init__(self, key: str, other: str, row: int):
+        super().__init__(f"{other} differs from {key} (first at row {row})")
+        self.key, self.other, self.row = key, other, row
+
+
+def _raise_if_different(key: str, other: str, differences: Mapping[str, int]) -> None:
+    """Raises `RowsDiffer` in every process if any process found a differing row of `key`
+    (each compared only the rows it read): the first such row over all processes."""
+    row = differences.get(key, -1)
+    if jax.process_count() > 1:
+        rows = np.asarray(multihost_utils.process_allgather(np.int64(row)))
+        found = rows[rows >= 0]
+        row = int(found.min()) if found.size else -1
+    if row >= 0:
+        raise RowsDiffer(key, other, row)
+
+
 def _hf_shape(spec: K.Spec, model: Any) -> tuple[int, ...]:
     pieces = [K._array(model, spec, g) for g, _ in spec.pieces()]
     rows = sum(math.prod(t.shape[n] for n in out) for t, (_, out) in zip(pieces, spec.pieces()))
@@ -270,6 +299,7 @@ def load(
     init_missing_norms: bool,
     sharding_of: ShardingOf,
     fp8: BlockScales | None = None,
+    same: Mapping[str, str] | None = None,
 ) -> tuple[Any, list[str], dict[str, str], list[str]]:
     """Fills `template` (possibly `eval_shape`d) from `ckpt`, each parameter sharded by
     `sharding_of`.
@@ -282,10 +312,17 @@ def load(
         init_missing_norms: set absent tensors that have an identity value to it.
         sharding_of: the sharding of a parameter (from its axes).
         fp8: the block-scaled FP8 tensors and their scales (validated by the caller).
+        same: checkpoint key -> the key of a tensor of the same shape that must equal it
+            (a tied checkpoint's embedding -> its stored `lm_head.weight`), compared row by
+            row as the first is read: each process compares the rows it reads, and together
+            they cover every row.
 
     Returns:
         `(model, loaded keys, initialised keys -> value, missing keys)`, as
-        `_hf_keys.from_state_dict`.
+        `_keys.from_state_dict`.
+
+    Raises:
+        RowsDiffer: a tensor differs from the one `same` says it equals (in every process).
     """
     config: ModelConfig = template.config
     unrolled = not hasattr(template.blocks, "stacked")
@@ -325,7 +362,11 @@ def load(
                 where.append(K._where(spec, get))
                 offset += math.prod(t.shape[n] for n in out)
             target = np.dtype(dtype or infos[0].dtype)
-            arrays = _piece_arrays(ckpt, key_map, spec, parts, target, fp8)
+            differences: dict[str, int] = {}
+            arrays = _piece_arrays(ckpt, key_map, spec, parts, target, fp8, same, differences)
+            for k in keys:
+                if same and key_map[k] in same:
+                    _raise_if_different(key_map[k], same[key_map[k]], differences)
             values += [hax.NamedArray(a, p[0].axes) for a, p in zip(arrays, parts, strict=True)]
             loaded += keys
     finally:

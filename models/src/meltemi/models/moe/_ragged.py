@@ -1,7 +1,8 @@
-"""The ragged exchange of expert parallelism (`MoeConfig.ep_exchange="ragged"`), and an exact
-emulator of `jax.lax.ragged_all_to_all` built from dense collectives, for CPU tests.
+"""The ragged exchange of expert parallelism (`MoeConfig.ep_exchange="ragged"`). Its CPU
+emulator for tests (`jax.lax.ragged_all_to_all` from dense collectives) lives in
+`meltemi.models.testing`; this module uses public JAX only.
 
-Inside the `shard_map` of `_moe_ep`, device d of the expert axis (size n, `El = E / n` experts
+Inside the `shard_map` of `moe._ep`, device d of the expert axis (size n, `El = E / n` experts
 each) sorts its kept (token, expert) assignments by expert, so the rows for expert e form one
 contiguous chunk, and the chunks for device g's experts follow one another. `counts[s, e]`,
 the rows device s sends to expert e, is all-gathered (`n * E` integers); from it every device
@@ -34,8 +35,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-_EMULATING = False
-"""True while `emulated_on_cpu` is active: `"ragged"` is then allowed on CPU (tests only)."""
+_ALLOWED_ON_CPU = False
+"""True while `allowed_on_cpu` is active: `"ragged"` is then accepted on CPU (tests only)."""
 
 
 class Layout(NamedTuple):
@@ -123,77 +124,21 @@ def give_back(results: jax.Array, lay: Layout, num_rows: int, axis: str) -> jax.
     )  # fmt: skip
 
 
-def emulate(
-    operand: jax.Array,
-    output: jax.Array,
-    input_offsets: jax.Array,
-    send_sizes: jax.Array,
-    output_offsets: jax.Array,
-    recv_sizes: jax.Array,
-    *,
-    axis_name: str | tuple[str, ...],
-    axis_index_groups: object = None,
-) -> jax.Array:
-    """`jax.lax.ragged_all_to_all` from dense ops (its docstring's pseudocode), differentiable.
-
-    Each sender packs its N chunks into `[N, rows, ...]` (rows = its operand's length, zeros
-    past each chunk's size), one dense `all_to_all` delivers chunk i to device
-    `i // (N / n)`, and each receiver writes `recv_sizes[i]` rows of the i-th chunk it got at
-    the offset its sender gave (`all_to_all(output_offsets)`). It moves n times the data of
-    the real op: a test tool, never a substitute on real hardware.
-
-    Args:
-        operand: `[rows, ...]` the sender's data.
-        output: `[M, ...]` the receiver's buffer, returned with the received chunks written.
-        input_offsets, send_sizes: `[N]` where each sent chunk starts in `operand`, its size.
-        output_offsets: `[N]` where each sent chunk starts on its receiver.
-        recv_sizes: `[N]` the size of each received chunk.
-        axis_name: the mapped axis.
-        axis_index_groups: unsupported (must be None).
-    """
-    if axis_index_groups is not None:
-        raise NotImplementedError("emulate: axis_index_groups are not supported")
-    n = jax.lax.psum(1, axis_name)
-    chunks, rows = send_sizes.shape[0], operand.shape[0]
-    r = jnp.arange(rows)
-    trailing = (1,) * (operand.ndim - 1)
-    taken = jnp.take(operand, jnp.clip(input_offsets[:, None] + r, 0, rows - 1), axis=0)
-    valid = (r < send_sizes[:, None]).reshape(chunks, rows, *trailing)
-    packed = jnp.where(valid, taken, jnp.zeros((), operand.dtype))
-    packed = packed.reshape(n, chunks // n, rows, *operand.shape[1:])
-    got = jax.lax.all_to_all(packed, axis_name, 0, 0).reshape(chunks * rows, *operand.shape[1:])
-    offsets = jax.lax.all_to_all(output_offsets, axis_name, 0, 0, tiled=True)
-    where = jnp.where(r < recv_sizes[:, None], offsets[:, None] + r, output.shape[0])
-    return output.at[where.reshape(-1)].set(got.astype(output.dtype), mode="drop")
-
-
 @contextlib.contextmanager
-def emulated_on_cpu() -> Iterator[None]:
-    """Within: `ragged_all_to_all` compiles on CPU, lowered as `emulate` (tests only).
+def allowed_on_cpu() -> Iterator[None]:
+    """Within: `MoeConfig.ep_exchange="ragged"` is accepted on CPU.
 
-    The primitive stays the real one, so its JVP and transpose rules run (the backward pass
-    is made of `ragged_all_to_all`s too); only the CPU lowering of each one is swapped. Calls
-    must trace and compile inside the block.
+    For `meltemi.models.testing.ragged_all_to_all_on_cpu`, which installs a CPU lowering of
+    `ragged_all_to_all` (XLA:CPU has none) around this block; nothing here touches JAX.
     """
-    global _EMULATING
-    from jax._src.interpreters import mlir
-    from jax._src.lax import parallel
-
-    table = mlir._platform_specific_lowerings["cpu"]
-    prim = parallel.ragged_all_to_all_p
-    before = table.get(prim)
-    mlir.register_lowering(prim, mlir.lower_fun(emulate, multiple_results=False), "cpu")
-    _EMULATING = True
+    global _ALLOWED_ON_CPU
+    before, _ALLOWED_ON_CPU = _ALLOWED_ON_CPU, True
     try:
         yield
     finally:
-        _EMULATING = False
-        if before is None:
-            table.pop(prim, None)
-        else:
-            table[prim] = before
+        _ALLOWED_ON_CPU = before
 
 
-def emulating() -> bool:
-    """Whether `emulated_on_cpu` is active."""
-    return _EMULATING
+def is_allowed_on_cpu() -> bool:
+    """Whether `allowed_on_cpu` is active."""
+    return _ALLOWED_ON_CPU

@@ -10,23 +10,11 @@ from meltemi.models._config import (
     RopeConfig,
     sliding_layer_types,
 )
-from meltemi.models._hf_config_keys import HfConfigError, TrackedConfig, check_all_used
+from meltemi.models._families import FAMILY_FACTS, FAMILY_OF_MODEL_TYPE, FamilyFacts, families_with
+from meltemi.models.hf._config_keys import HfConfigError, TrackedConfig, check_all_used
 
-# family -> (HF model_type, HF architecture class)
-HF_TYPES: dict[str, tuple[str, str]] = {
-    "llama": ("llama", "LlamaForCausalLM"),
-    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
-    "mixtral": ("mixtral", "MixtralForCausalLM"),
-    "qwen3_moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
-    "gpt2": ("gpt2", "GPT2LMHeadModel"),
-    "gemma": ("gemma", "GemmaForCausalLM"),
-    "gemma2": ("gemma2", "Gemma2ForCausalLM"),
-    "gemma3_text": ("gemma3_text", "Gemma3ForCausalLM"),
-    "mistral": ("mistral", "MistralForCausalLM"),
-    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
-    "olmo2": ("olmo2", "Olmo2ForCausalLM"),
-}
-_FAMILY_OF_TYPE = {model_type: family for family, (model_type, _) in HF_TYPES.items()}
+# transformers' Qwen2Config default: without `layer_types`, layers from this index on slide.
+_QWEN_MAX_WINDOW_LAYERS = 28
 
 # HF activation names -> ours. gelu_new / gelu_pytorch_tanh are the same tanh approximation.
 _ACT_FROM_HF = {
@@ -41,7 +29,7 @@ _ACT_FROM_HF = {
 
 def _act_to_hf(config: ModelConfig) -> str:
     if config.activation == "gelu_tanh":
-        return "gelu_new" if config.family == "gpt2" else "gelu_pytorch_tanh"
+        return config.facts.hf_gelu_tanh
     return config.activation
 
 
@@ -192,7 +180,8 @@ def to_hf_config(config: ModelConfig) -> dict[str, Any]:
     >>> d["rope_parameters"]["rope_type"]
     'llama3'
     """
-    model_type, arch = HF_TYPES[config.family]
+    facts = config.facts
+    model_type, arch = facts.hf_model_type, facts.hf_architecture
     out: dict[str, Any] = {
         "architectures": [arch],
         "model_type": model_type,
@@ -203,7 +192,7 @@ def to_hf_config(config: ModelConfig) -> dict[str, Any]:
         "eos_token_id": _ids_to_hf(config.eos_token_id),
         "dtype": "float32",
     }
-    if config.family == "gpt2":
+    if facts.hf_layout == "gpt2":
         out.update(
             n_embd=config.hidden_dim,
             n_inner=config.intermediate_dim,
@@ -245,12 +234,12 @@ def to_hf_config(config: ModelConfig) -> dict[str, Any]:
     )
     if config.rope.scaling != "default":
         out["rope_scaling"] = dict(rope)
-    if config.family in ("llama", "qwen3", "qwen3_moe", "gemma", "olmo2"):
+    if facts.hf_attention_bias_key:
         out["attention_bias"] = False  # Mixtral's config has no such option
-    if config.family == "llama":
+    if facts.hf_mlp_bias_key:
         out["mlp_bias"] = False
     moe = config.moe
-    if config.family == "mixtral":
+    if facts.moe == "mixtral":
         assert moe is not None
         out.update(
             intermediate_size=moe.expert_dim,
@@ -258,7 +247,7 @@ def to_hf_config(config: ModelConfig) -> dict[str, Any]:
             num_experts_per_tok=moe.top_k,
             router_aux_loss_coef=moe.load_balancing_coef,
         )
-    if config.family == "qwen3_moe":
+    if facts.moe == "qwen3_moe":
         assert moe is not None
         out.update(
             moe_intermediate_size=moe.expert_dim,
@@ -269,9 +258,9 @@ def to_hf_config(config: ModelConfig) -> dict[str, Any]:
             mlp_only_layers=[],
             router_aux_loss_coef=moe.load_balancing_coef,
         )
-    if config.family in ("qwen3", "qwen3_moe"):
+    if facts.hf_window_keys == "qwen" and not facts.sliding_window:
         out.update(use_sliding_window=False, sliding_window=None)
-    if config.family == "qwen2":
+    if facts.hf_window_keys == "qwen" and facts.sliding_window:
         sliding = config.sliding_window is not None
         out.update(
             use_sliding_window=sliding,
@@ -309,19 +298,19 @@ def _ids(value: Any) -> int | tuple[int, ...] | None:
     return None if value is None else int(value)
 
 
-def _sliding_from_hf(d: dict[str, Any], family: str) -> dict[str, Any]:
+def _sliding_from_hf(d: dict[str, Any], facts: FamilyFacts) -> dict[str, Any]:
     """Qwen's sliding-window options (`use_sliding_window`, `sliding_window`,
-    `max_window_layers`, `layer_types`): supported for qwen2, refused for qwen3 / qwen3_moe,
-    and Mixtral's `sliding_window`."""
+    `max_window_layers`, `layer_types`), and a `sliding_window` key of a family without
+    windows (Mixtral), which is refused when set."""
     model_type = d.get("model_type")
-    if family == "mixtral":
+    if facts.hf_window_keys == "sliding_window" and not facts.sliding_window:
         if d.get("sliding_window") is not None:
             raise HfConfigError(
-                f"config.json (mixtral) sets sliding_window={d.get('sliding_window')!r}; sliding "
-                "windows are not supported for mixtral. Fix: sliding_window=null"
+                f"config.json ({model_type}) sets sliding_window={d.get('sliding_window')!r}; "
+                f"sliding windows are not supported for {model_type}. Fix: sliding_window=null"
             )
         return {}
-    if family not in ("qwen2", "qwen3", "qwen3_moe"):
+    if facts.hf_window_keys != "qwen":
         return {}
     types = d.get("layer_types")
     d.get("max_window_layers")  # only shapes the default layer_types below
@@ -333,15 +322,16 @@ def _sliding_from_hf(d: dict[str, Any], family: str) -> dict[str, Any]:
                 "use_sliding_window=false; expected every layer 'full_attention'"
             )
         return {}
-    if family != "qwen2":
+    if not facts.sliding_window:
         raise HfConfigError(
             f"config.json ({model_type}) sets use_sliding_window=true; sliding windows are "
-            f"supported for qwen2, mistral, gemma2, gemma3_text, not {model_type}"
+            f"supported for {', '.join(families_with(sliding_window=True))}, not {model_type}"
         )
     window = int(_get(d, "sliding_window"))
     num_layers = int(_get(d, "num_hidden_layers"))
     if not types:
-        start = int(d.get("max_window_layers") or 0)
+        start = d.get("max_window_layers")
+        start = _QWEN_MAX_WINDOW_LAYERS if start is None else int(start)
         types = ["sliding_attention" if i >= start else "full_attention" for i in range(num_layers)]
     return {"sliding_window": window, "layer_types": tuple(types)}
 
@@ -356,7 +346,7 @@ def from_hf_config(d: dict[str, Any]) -> ModelConfig:
     """The `ModelConfig` a Hugging Face `config.json` dict describes.
 
     Every key is accounted for: read into the config (options we cannot represent raise),
-    or listed in `_hf_config_keys.IRRELEVANT_KEYS`; any other key raises `HfConfigError`
+    or listed in `_config_keys.IRRELEVANT_KEYS`; any other key raises `HfConfigError`
     naming it and its value.
 
     >>> from meltemi.models import get_preset
@@ -458,14 +448,15 @@ def fp8_block_size(d: dict[str, Any]) -> tuple[int, int] | None:
 
 def _from_hf_config(d: dict[str, Any]) -> ModelConfig:
     model_type = d.get("model_type")
-    if model_type not in _FAMILY_OF_TYPE:
+    if model_type not in FAMILY_OF_MODEL_TYPE:
         raise HfConfigError(
             f"config.json model_type={model_type!r} is not supported; supported: "
-            f"{sorted(_FAMILY_OF_TYPE)}"
+            f"{sorted(FAMILY_OF_MODEL_TYPE)}"
         )
-    family = _FAMILY_OF_TYPE[model_type]
+    family = FAMILY_OF_MODEL_TYPE[model_type]
+    facts = FAMILY_FACTS[family]
     act_name = _get(d, "activation_function", "hidden_act", "hidden_activation", default="silu")
-    if family == "gemma":
+    if facts.hf_gelu_means_tanh:
         # Official Gemma configs say hidden_act="gelu" but mean the tanh approximation, as
         # transformers does; a hidden_activation key, where present, takes precedence.
         act_name = d.get("hidden_activation") or act_name
@@ -483,7 +474,7 @@ def _from_hf_config(d: dict[str, Any]) -> ModelConfig:
         bos_token_id=_first_id(d.get("bos_token_id")),
         eos_token_id=_ids(d.get("eos_token_id")),
     )
-    if family == "gpt2":
+    if facts.hf_layout == "gpt2":
         for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
             if d.get(flag):
                 raise HfConfigError(f"config.json sets {flag}=true, which is not supported")
@@ -499,21 +490,22 @@ def _from_hf_config(d: dict[str, Any]) -> ModelConfig:
             num_heads=heads,
             num_kv_heads=heads,
             max_seq_len=int(_get(d, "n_positions", "max_position_embeddings")),
-            norm_eps=float(d.get("layer_norm_epsilon", 1e-5)),
-            tie_embeddings=bool(d.get("tie_word_embeddings", True)),
+            norm_eps=float(d.get("layer_norm_epsilon", facts.default_norm_eps)),
+            tie_embeddings=bool(d.get("tie_word_embeddings", facts.default_tie_embeddings)),
         )
     for flag in ("attention_bias", "mlp_bias"):
-        if d.get(flag) and family != "qwen2":  # Qwen2's q/k/v biases are built in
+        if d.get(flag) and facts.bias != "qkv":  # Qwen2's q/k/v biases are built in
+            qkv = ", ".join(families_with(bias="qkv"))
             raise HfConfigError(
                 f"config.json ({model_type}) sets {flag}={d.get(flag)!r}; biases are not "
-                f"supported for {model_type} (qwen2 has q/k/v biases). Fix: {flag}=false"
+                f"supported for {model_type} ({qkv} has q/k/v biases). Fix: {flag}=false"
             )
-    sliding = _sliding_from_hf(d, family)
+    sliding = _sliding_from_hf(d, facts)
     hidden = int(_get(d, "hidden_size"))
     heads = int(_get(d, "num_attention_heads"))
     moe = None
     intermediate = int(_get(d, "intermediate_size", "moe_intermediate_size"))
-    if family == "mixtral":
+    if facts.moe == "mixtral":
         moe = MoeConfig(
             num_experts=int(_get(d, "num_local_experts", "num_experts")),
             top_k=int(_get(d, "num_experts_per_tok")),
@@ -521,7 +513,7 @@ def _from_hf_config(d: dict[str, Any]) -> ModelConfig:
             norm_topk_prob=True,
             load_balancing_coef=float(d.get("router_aux_loss_coef", 0.01)),
         )
-    if family == "qwen3_moe":
+    if facts.moe == "qwen3_moe":
         if d.get("mlp_only_layers") or int(d.get("decoder_sparse_step", 1)) != 1:
             raise HfConfigError(
                 "config.json (qwen3_moe) mixes dense and sparse layers (mlp_only_layers / "
@@ -534,10 +526,9 @@ def _from_hf_config(d: dict[str, Any]) -> ModelConfig:
             norm_topk_prob=bool(d.get("norm_topk_prob", False)),
             load_balancing_coef=float(d.get("router_aux_loss_coef", 0.01)),
         )
-    default_tie = family in ("gemma", "gemma2", "gemma3_text")
     head_dim = int(d.get("head_dim") or hidden // heads)
     max_seq_len = int(_get(d, "max_position_embeddings", default=4096))
-    window = _window_families_from_hf(d, family, max_seq_len)
+    window = _window_families_from_hf(d, facts, max_seq_len)
     rope = window.pop("rope") if "rope" in window else _rope_from_hf(d, max_seq_len)
     if rope.partial_rotary_factor != 1.0:
         raise HfConfigError(
@@ -550,7 +541,6 @@ def _from_hf_config(d: dict[str, Any]) -> ModelConfig:
         # Its base grows past max_position_embeddings (the original context): the model is
         # meant for factor x that, which bounds our KV cache.
         max_seq_len = int(max_seq_len * rope.factor)
-    eps_default = 1e-5 if family == "olmo2" else 1e-6
     return ModelConfig(
         **common,
         hidden_dim=hidden,
@@ -561,10 +551,10 @@ def _from_hf_config(d: dict[str, Any]) -> ModelConfig:
         # `None` when it is the default, so that configs round-trip exactly.
         head_dim=None if head_dim == hidden // heads else head_dim,
         max_seq_len=max_seq_len,
-        norm_eps=float(_get(d, "rms_norm_eps", default=eps_default)),
+        norm_eps=float(_get(d, "rms_norm_eps", default=facts.default_norm_eps)),
         rope=rope,
-        tie_embeddings=bool(d.get("tie_word_embeddings", default_tie)),
-        qk_norm=family in ("qwen3", "qwen3_moe", "olmo2", "gemma3_text"),
+        tie_embeddings=bool(d.get("tie_word_embeddings", facts.default_tie_embeddings)),
+        qk_norm=facts.qk_norm != "none",
         moe=moe,
         **sliding,
         **window,
@@ -572,28 +562,25 @@ def _from_hf_config(d: dict[str, Any]) -> ModelConfig:
 
 
 # -- gemma2 / gemma3_text / mistral: sliding windows, soft caps, Gemma 3's two ropes ----------
-_WINDOW_FAMILIES = ("gemma2", "gemma3_text", "mistral")
-
-
 def _window_families_to_hf(config: ModelConfig, out: dict[str, Any]) -> None:
     """Adds the options of Gemma 2, Gemma 3 and Mistral to `out` (transformers 5 layout)."""
-    if config.family not in _WINDOW_FAMILIES:
+    facts = config.facts
+    if not facts.sliding_window or facts.hf_window_keys not in ("sliding_window", "gemma"):
         return
     out["sliding_window"] = config.sliding_window
-    if config.family == "mistral":
+    if facts.hf_window_keys != "gemma":
         return
     # Gemma 2/3 name the activation `hidden_activation` and have no top-level rope_theta.
     out["hidden_activation"] = out.pop("hidden_act")
     out.pop("rope_theta", None)
     out.update(
-        attention_bias=False,
         query_pre_attn_scalar=_whole(config.query_pre_attn_scalar or config.head_size),
         layer_types=["sliding_attention" if s else "full_attention" for s in config.sliding_layers],
         final_logit_softcapping=config.final_logit_softcap,
         attn_logit_softcapping=config.attn_logit_softcap,
-        use_bidirectional_attention=False if config.family == "gemma3_text" else None,
+        use_bidirectional_attention=False if facts.hf_bidirectional_key else None,
     )
-    if config.family == "gemma3_text":
+    if facts.local_rope:
         local = {"rope_type": "default", "rope_theta": config.rope_local_theta or config.rope.theta}
         out["rope_parameters"] = {
             "full_attention": out["rope_parameters"],
@@ -607,15 +594,17 @@ def _whole(x: float) -> float | int:
     return int(x) if float(x).is_integer() else x
 
 
-def _window_families_from_hf(d: dict[str, Any], family: str, max_seq_len: int) -> dict[str, Any]:
+def _window_families_from_hf(
+    d: dict[str, Any], facts: FamilyFacts, max_seq_len: int
+) -> dict[str, Any]:
     """`ModelConfig` fields of Gemma 2, Gemma 3 and Mistral configs (plus `rope` for Gemma 3,
     whose `rope_parameters` has one entry per layer type)."""
-    if family not in _WINDOW_FAMILIES:
+    if not facts.sliding_window or facts.hf_window_keys not in ("sliding_window", "gemma"):
         return {}
     model_type = d.get("model_type")
     window = d.get("sliding_window")
     out: dict[str, Any] = {"sliding_window": None if window is None else int(window)}
-    if family == "mistral":
+    if facts.hf_window_keys != "gemma":
         return out
     if d.get("use_bidirectional_attention"):
         raise HfConfigError(
@@ -629,15 +618,15 @@ def _window_families_from_hf(d: dict[str, Any], family: str, max_seq_len: int) -
     patterns = (d.get("sliding_window_pattern"), d.get("_sliding_window_pattern"))
     saved_pattern = patterns[0] or patterns[1]
     if not types:
-        pattern = int(saved_pattern or (2 if family == "gemma2" else 6))
+        pattern = int(saved_pattern or facts.sliding_pattern)
         types = sliding_layer_types(int(_get(d, "num_hidden_layers")), pattern)
     scalar = d.get("query_pre_attn_scalar")
     hidden, heads = int(_get(d, "hidden_size")), int(_get(d, "num_attention_heads"))
     head_dim = int(d.get("head_dim") or hidden // heads)
     attn_cap = d.get("attn_logit_softcapping")
-    if family == "gemma3_text" and attn_cap is not None:
+    if not facts.attn_softcap and attn_cap is not None:
         raise HfConfigError(
-            f"config.json (gemma3_text) sets attn_logit_softcapping={attn_cap!r}, which "
+            f"config.json ({model_type}) sets attn_logit_softcapping={attn_cap!r}, which "
             "transformers' Gemma 3 ignores (its attention passes no soft cap), so the intended "
             "math is unclear. Fix: attn_logit_softcapping=null"
         )
@@ -648,7 +637,7 @@ def _window_families_from_hf(d: dict[str, Any], family: str, max_seq_len: int) -
         attn_logit_softcap=None if attn_cap is None else float(attn_cap),
         final_logit_softcap=None if final_cap is None else float(final_cap),
     )
-    if family == "gemma3_text":
+    if facts.local_rope:
         out.update(_gemma3_rope_from_hf(d, max_seq_len))
     return out
 

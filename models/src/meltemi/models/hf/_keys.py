@@ -89,7 +89,7 @@ def _llama_like(config: ModelConfig) -> list[Spec]:
     specs += _norm_specs("model.norm", lambda m: m.final_norm, config, layer=False)
     if not config.tie_embeddings:
         specs.append(Spec("lm_head.weight", lambda m: m.lm_head.weight, (VOCAB,), (EMBED,)))
-    if config.family == "olmo2":
+    if not config.pre_norms:
         # OLMo 2 normalises only the outputs of attention and MLP (HF's names say "post").
         specs += _norm_specs(
             L + "post_attention_layernorm", lambda b: b.post_attn_norm, config, layer=True
@@ -171,7 +171,7 @@ def _llama_like(config: ModelConfig) -> list[Spec]:
             ),
         ]
         return specs
-    if config.family == "mixtral":
+    if config.facts.moe == "mixtral":
         moe, names = L + "block_sparse_moe.", ("w1", "w3", "w2")
         e = moe + "experts.{j}.{name}.weight"
     else:
@@ -222,18 +222,20 @@ def _gpt2(config: ModelConfig) -> list[Spec]:
 
 def specs_for(config: ModelConfig) -> list[Spec]:
     """Every HF tensor of the model `config` describes."""
-    return _gpt2(config) if config.family == "gpt2" else _llama_like(config)
+    return _gpt2(config) if config.facts.hf_layout == "gpt2" else _llama_like(config)
 
 
 def embedding_key(config: ModelConfig) -> str:
     """The HF name of the token embedding (what a tied `lm_head.weight` must equal)."""
-    return "transformer.wte.weight" if config.family == "gpt2" else "model.embed_tokens.weight"
+    if config.facts.hf_layout == "gpt2":
+        return "transformer.wte.weight"
+    return "model.embed_tokens.weight"
 
 
 def is_ignorable(key: str, config: ModelConfig) -> bool:
     """Non-parameter buffers some HF checkpoints carry (old GPT-2 causal masks, rotary
     frequencies): skipped on load, and reported."""
-    if config.family == "gpt2" and key.endswith((".attn.bias", ".attn.masked_bias")):
+    if config.facts.hf_layout == "gpt2" and key.endswith((".attn.bias", ".attn.masked_bias")):
         return True
     return key.endswith("rotary_emb.inv_freq")
 

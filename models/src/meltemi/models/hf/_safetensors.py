@@ -35,11 +35,12 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, which safe_open 
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from meltemi.models import _host_memory, _storage
+from meltemi.models.hf import _host_memory, _storage
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 DEFAULT_SHARD_BYTES = 5 * 1024**3
+_COMPARE_BYTES = 64 * 1024**2  # `first_difference` reads at most this much at a time
 
 _DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype("<f8"),
@@ -151,13 +152,35 @@ class Checkpoint:
 
         self._starts: dict[str, int] = {}
         self._files: dict[Any, int] = {}
-        self._scratch: np.ndarray | None = None
+        self._scratch: dict[str, np.ndarray] = {}  # `read_rows`' and `first_difference`'s
 
     def read_rows(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Rows `[start, stop)` (of the first dimension; default: all) of tensor `name`, read
         in one piece: the rows of a row-major tensor are one contiguous byte range. A local
         file is read with `preadv` into a scratch buffer this checkpoint reuses (valid until
         the next `read_rows`), object storage with one ranged read. Read-only."""
+        return self._read_rows(name, start, stop, "rows")
+
+    def first_difference(self, name: str, rows: np.ndarray, start: int) -> int | None:
+        """The first row in `[start, start + len(rows))` where tensor `name` differs from
+        `rows` (NaN differs from everything, as in `np.array_equal`), or None when they are
+        equal. Reads those rows of `name` once, in blocks of at most `_COMPARE_BYTES` (one
+        `preadv` or ranged read each) into a buffer of their own, so `rows` may be what
+        `read_rows` returned."""
+        info = self.tensors[name]
+        if info.shape[1:] != rows.shape[1:]:
+            raise ValueError(f"{name}: rows of shape {info.shape[1:]}, compared with {rows.shape}")
+        row_bytes = max(1, math.prod(info.shape[1:]) * info.dtype.itemsize)
+        step = max(1, _COMPARE_BYTES // row_bytes)
+        for lo in range(0, len(rows), step):
+            hi = min(lo + step, len(rows))
+            block = self._read_rows(name, start + lo, start + hi, "compare")
+            differs = (block != rows[lo:hi]).reshape(hi - lo, -1).any(axis=1)
+            if differs.any():
+                return start + lo + int(np.argmax(differs))
+        return None
+
+    def _read_rows(self, name: str, start: int, stop: int | None, slot: str) -> np.ndarray:
         info = self.tensors[name]
         if not info.shape:
             return self.read(name)
@@ -175,10 +198,11 @@ class Checkpoint:
             return np.frombuffer(raw, info.dtype).reshape(shape)
         if name not in self._starts:  # byte offsets of every tensor of this shard
             self._starts.update({k: t.start for k, t in _remote_header(info.file).items()})
-        if self._scratch is None or self._scratch.nbytes < nbytes:
-            self._scratch = None
-            self._scratch = _host_memory.empty((nbytes,), np.uint8)
-        target = self._scratch[:nbytes]
+        scratch = self._scratch.get(slot)
+        if scratch is None or scratch.nbytes < nbytes:
+            self._scratch.pop(slot, None)
+            scratch = self._scratch[slot] = _host_memory.empty((nbytes,), np.uint8)
+        target = scratch[:nbytes]
         if info.file not in self._files:
             self._files[info.file] = os.open(info.file, os.O_RDONLY)
         fd, done, first = self._files[info.file], 0, self._starts[name] + start * row_bytes
@@ -191,7 +215,7 @@ class Checkpoint:
 
     def close(self) -> None:
         """Closes the shards `read_rows` opened and frees its buffer (reopened on demand)."""
-        files, self._files, self._scratch = self._files, {}, None
+        files, self._files, self._scratch = self._files, {}, {}
         for fd in files.values():
             os.close(fd)
 
