@@ -26,6 +26,8 @@ import sys
 import tempfile
 
 LIBRARIES = ("haliax", "fray", "data", "models", "levanter")
+# Every wheel's folder: the libraries and the opt-in hook wheel (a README and a changelog, no API).
+WHEELS = LIBRARIES + ("lm-eval",)
 _LINK = re.compile(r"(!?\[[^\]]*\])\(([^)\s]+)\)")
 
 
@@ -39,11 +41,11 @@ def pages(root: pathlib.Path) -> dict[str, str]:
     tutorials = sorted((root / "docs" / "tutorials").glob("*.ipynb"))
     for nb in tutorials:
         out[f"docs/tutorials/{nb.name}"] = f"tutorials/{nb.name}"
-    for lib in LIBRARIES:
+    for lib in WHEELS:
         out[f"{lib}/README.md"] = f"libraries/{lib}.md"
     for note in sorted((root / "docs" / "design").glob("*.md")):
         out[f"docs/design/{note.name}"] = f"design/{note.name}"
-    for lib in LIBRARIES:
+    for lib in WHEELS:
         if (root / lib / "CHANGELOG.md").exists():
             out[f"{lib}/CHANGELOG.md"] = f"changelog/{lib}.md"
     return out

@@ -62,6 +62,9 @@ def test_site_builds_strictly(tmp_path):
         api = (out / "api" / lib / "index.html").read_text()
         # Every module listed for the API page rendered with members (not an empty page).
         assert len(re.findall(r'class="doc doc-heading"', api)) >= 10, lib
+    for wheel in set(site.WHEELS) - set(site.LIBRARIES):  # the hook wheel: no API page
+        assert (out / "libraries" / wheel / "index.html").exists()
+        assert (out / "changelog" / wheel / "index.html").exists()
     for note in (root / "docs" / "design").glob("*.md"):
         assert (out / "design" / note.stem / "index.html").exists()
     for nb in (root / "docs" / "tutorials").glob("*.ipynb"):

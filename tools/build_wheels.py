@@ -1,7 +1,7 @@
-"""Builds the wheel and sdist of every Meltemi library into dist/.
+"""Builds the wheel and sdist of every Meltemi library (and the opt-in hook wheel) into dist/.
 
 ./bazelw run //tools:build_wheels            # -> dist/meltemi_<lib>-<version>-py3-none-any.whl
-./bazelw run //tools:build_wheels -- --out=/tmp/wheels haliax fray
+./bazelw run //tools:build_wheels -- --out=/tmp/wheels haliax fray lm-eval
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from tools.wheels import wheel_lib as wl
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("libraries", nargs="*", default=list(wl.LIBRARIES))
+    parser.add_argument("libraries", nargs="*", default=list(wl.WHEELS))
     parser.add_argument("--out", default="dist", help="output folder (relative to your cwd)")
     args = parser.parse_args(argv)
-    unknown = sorted(set(args.libraries) - set(wl.LIBRARIES))
+    unknown = sorted(set(args.libraries) - set(wl.WHEELS))
     if unknown:
-        parser.error(f"unknown libraries {unknown}; choose from {list(wl.LIBRARIES)}")
+        parser.error(f"unknown libraries {unknown}; choose from {list(wl.WHEELS)}")
     cwd = pathlib.Path(os.environ.get("BUILD_WORKING_DIRECTORY", "."))
     out = (cwd / args.out).resolve()
     runfiles = pathlib.Path.cwd()

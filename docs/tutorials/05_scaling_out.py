@@ -34,9 +34,9 @@ import jax
 import meltemi.models as mm
 from meltemi import fray
 from meltemi.levanter.config import load_config, resolve
-from meltemi.levanter.multislice import format_status, read_status
+from meltemi.levanter.multislice import format_status, launch_multislice, read_status
 from meltemi.levanter.tracking import read_metrics
-from meltemi.levanter.trainer import dry_run, launch_multislice
+from meltemi.levanter.trainer import dry_run
 
 CONFIGS = pathlib.Path(mm.__file__).parents[4] / "levanter" / "configs"
 assert jax.device_count() == 256

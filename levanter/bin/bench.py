@@ -65,14 +65,14 @@ def _config(run_dir: pathlib.Path, steps: int, args):
 
 def pure_jax_round(parts, batches, steps: int) -> float:
     """Tokens/s of a plain jitted loop: init, value_and_grad, optax update, donated state."""
-    model = parts.init_model(jax.random.key(0))
+    model = parts.step.init_model(jax.random.key(0))
     params, static = eqx.partition(model, eqx.is_array)
-    tx = parts.optimizer
+    tx = parts.step.optimizer
     opt_state = tx.init(params)
 
     def step(params, opt_state, batch):
         def loss(p):
-            return parts.loss_fn(eqx.combine(p, static), batch)
+            return parts.step.loss_fn(eqx.combine(p, static), batch)
 
         value, grads = jax.value_and_grad(loss)(params)
         updates, opt_state = tx.update(grads, opt_state, params, loss=value)

@@ -13,7 +13,7 @@ import optax
 import meltemi.haliax as hax
 from meltemi.levanter.config import base_config, with_variant
 from meltemi.levanter.mesh import make_mesh
-from meltemi.levanter.trainer import EvalSet, RunParts
+from meltemi.levanter.trainer import EvalSet, RunParts, StepParts
 
 VOCAB, EMBED, MLP, SEQ = 11, 6, 10, 7
 
@@ -75,10 +75,8 @@ def parts(optimizer=None):
     data = Counting()
     val = data.sequences(np.arange(10_000, 10_004))
     return RunParts(
-        init_model=TinyLM.init,
-        loss_fn=loss_fn,
+        step=StepParts(TinyLM.init, loss_fn, optimizer or optax.adam(0.05)),
         eval_loss_fn=eval_loss_fn,
-        optimizer=optimizer or optax.adam(0.05),
         train_data=data,
         seq_len=SEQ,
         eval_sets=[EvalSet("synthetic", [val], num_bytes=int(val["loss_mask"].sum()))],

@@ -29,9 +29,12 @@ from _subprocess import DEFAULT  # noqa: E402
 from meltemi import fray  # noqa: E402
 from meltemi.levanter.config import load_config  # noqa: E402
 from meltemi.levanter.mesh import make_mesh  # noqa: E402
-from meltemi.levanter.multislice import read_status  # noqa: E402
+from meltemi.levanter.multislice import (
+    launch_multislice,  # noqa: E402
+    read_status,  # noqa: E402
+)
 from meltemi.levanter.tracking import read_metrics  # noqa: E402
-from meltemi.levanter.trainer import Trainer, build_parts, launch_multislice  # noqa: E402
+from meltemi.levanter.trainer import Trainer, build_parts  # noqa: E402
 
 STEPS = 8
 INTERRUPT_AT = 2

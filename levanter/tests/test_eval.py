@@ -6,6 +6,7 @@ each evaluated token span decodes to, counted so that split characters count onc
 """
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -19,14 +20,15 @@ from meltemi import data as md
 from meltemi.levanter.config import load_config, resolve
 from meltemi.levanter.evaluation import (
     EvalError,
+    batch_bytes,
     evaluate_checkpoint,
     format_table,
     macro_average,
     parse_eval_files,
+    span_bytes,
 )
 from meltemi.levanter.mesh import make_mesh
 from meltemi.levanter.trainer import Trainer
-from meltemi.levanter.trainer._eval import batch_bytes, span_bytes
 
 EVAL = _subprocess.TRAIN.parent / "eval.py"
 TEXT = "héllo wörld — ünïcödé 🙂 text, with multi-byte characters in every row. " * 3
@@ -118,6 +120,40 @@ def run(tmp_path_factory):
     extra.write_text("".join(json.dumps({"text": f"def f{i}(x):\n    return x * {i} + 'é'\n"})
                              + "\n" for i in range(40)))  # fmt: skip
     return root, trainer, result, resolved, extra
+
+
+def _cache_state(cache):
+    """Every file of the token-store cache with its modification time (ns)."""
+    return {
+        str(p.relative_to(cache)): p.stat().st_mtime_ns for p in cache.rglob("*") if p.is_file()
+    }
+
+
+def test_the_eval_binary_reopens_the_runs_validation_store(run, tmp_path, capsys):
+    """The trainer and `//levanter:eval` key a validation store the same way
+    (`evaluation.cached_store`): evaluating the run's checkpoint tokenizes nothing again."""
+    root, _, _, _, _ = run
+    cache = root / "cache"
+    before = _cache_state(cache)
+    data, _ = evaluate_checkpoint(str(root / "run"), output=tmp_path / "eval.json")
+    assert list(data["sets"]) == ["stdlib"]
+    assert _cache_state(cache) == before  # no new store, no file rewritten
+    assert "skipped" not in capsys.readouterr().out  # no build reported either
+    stores = sorted({pathlib.Path(k).parts[0] for k in before})
+    assert any(s.startswith("source-stdlib-") for s in stores), stores  # the one both use
+
+
+def test_a_loaded_model_is_built_with_keywords(run):
+    """`LoadedModel` has nine fields: built by position, two of one type could swap silently."""
+    from meltemi.levanter.evaluation import LoadedModel, load_model
+
+    root = run[0]
+    loaded = load_model(str(root / "run"))
+    fields = ("path", "kind", "params", "static", "tokenizer", "mesh", "compute_dtype", "spec")
+    with pytest.raises(TypeError, match=r"positional argument"):
+        LoadedModel(*(getattr(loaded, f) for f in fields), loaded.step)
+    again = LoadedModel(**{f: getattr(loaded, f) for f in (*fields, "step")})
+    assert again.step == loaded.step == 2 and again.kind == "run"
 
 
 def test_the_checkpoint_evaluates_as_the_run_did(run):

@@ -3,6 +3,7 @@
 import pathlib
 
 import pytest
+from _one_error import one_error_line
 from absl import flags
 
 from meltemi.levanter.main import _flags
@@ -72,7 +73,7 @@ def test_mistakes_are_one_error_line_and_status_2(argv, expected, capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1, err
-    assert expected in err
+    assert expected in one_error_line(err)
 
 
 def test_user_path_is_relative_to_the_users_directory(monkeypatch):

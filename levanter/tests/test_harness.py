@@ -155,54 +155,77 @@ def test_the_binary_prints_the_table_and_writes_harness_json(hf_dir, tmp_path):
     assert os.path.exists(out)
 
 
-# -- `lm_eval --model meltemi`: the .pth hook the wheel ships ------------------------------------
+# -- `lm_eval --model meltemi`: the opt-in meltemi-lm-eval wheel's .pth hook -------------------
 
 LEVANTER = pathlib.Path(__file__).absolute().parents[1]
-_LM_EVAL_CLI = (
-    "import runpy, site, sys; site.addsitedir(sys.argv.pop(1)); sys.argv[0] = 'lm_eval'; "
-    "runpy.run_module('lm_eval', run_name='__main__', alter_sys=True)"
+LM_EVAL_HOOK = LEVANTER.parent / "lm-eval"  # the meltemi-lm-eval wheel's folder
+# Adds the site directories of argv[1] (os.pathsep-separated; their .pth files run), then runs
+# lm-eval's own command line, or `python -m meltemi.levanter.harness` when argv[2] is "-m".
+_CLI = (
+    "import runpy, site, sys; [site.addsitedir(d) for d in sys.argv.pop(1).split(':') if d]; "
+    "module = 'meltemi.levanter.harness' if sys.argv[1] == '-m' else 'lm_eval'; "
+    "sys.argv.pop(1); sys.argv[0] = module; "
+    "runpy.run_module(module, run_name='__main__', alter_sys=True)"
 )
 _PROBE = (
-    "import site, sys; site.addsitedir(sys.argv[1]) if sys.argv[1] else None; "
+    "import site, sys; [site.addsitedir(d) for d in sys.argv[1].split(':') if d]; "
     "print(sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'lm_eval', 'meltemi'})); "
     "import lm_eval.models; from lm_eval.api.registry import model_registry; "
-    "print(model_registry._objs.get('meltemi'))"
+    "print(dict(model_registry.items()).get('meltemi'))"
 )
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """The meltemi-levanter wheel built from this folder and pip-installed (`--target`, no
-    deps) into a fresh site directory; the subprocess environment lacks `levanter/src`, so
-    `meltemi.levanter` and the hook come from the wheel."""
+    """The meltemi-levanter wheel and the meltemi-lm-eval wheel, built from their folders and
+    pip-installed (`--target`, no deps) into two fresh site directories; the subprocess
+    environment lacks `levanter/src`, so `meltemi.levanter` (and any hook) come from wheels."""
     from tools.wheels import wheel_lib
 
     tmp = tmp_path_factory.mktemp("wheel")
-    wheel = wheel_lib.build(wheel_lib.copy_library(LEVANTER, tmp / "src"), tmp, sdist=False)
-    site_dir = tmp / "site"
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index"]
-    subprocess.run([*pip, "--target", str(site_dir), str(wheel)], check=True, timeout=300)
+    sites = {}
+    for name, folder in [("levanter", LEVANTER), ("hook", LM_EVAL_HOOK)]:
+        src = wheel_lib.copy_library(folder, tmp / "src" / name)
+        wheel = wheel_lib.build(src, tmp / "dist", sdist=False)
+        sites[name] = tmp / f"site-{name}"
+        subprocess.run([*pip, "--target", str(sites[name]), str(wheel)], check=True, timeout=300)
     env = _subprocess.env()
     keep = [p for p in sys.path if p and not (pathlib.Path(p) / "meltemi" / "levanter").is_dir()]
     env["PYTHONPATH"] = os.pathsep.join(keep)
-    return site_dir, env
+    return sites["levanter"], sites["hook"], env
 
 
-def test_the_wheels_pth_registers_meltemi_only_when_lm_eval_loads_its_models(installed):
-    site_dir, env = installed
-    assert (site_dir / "meltemi_levanter_lm_eval.pth").is_file()
-    run = lambda d: subprocess.run(  # noqa: E731
-        [sys.executable, "-c", _PROBE, d], env=env, capture_output=True, text=True, timeout=300
-    ).stdout.splitlines()
+def _probe(env, *site_dirs):
+    return subprocess.run(
+        [sys.executable, "-c", _PROBE, ":".join(map(str, site_dirs))],
+        env=env, capture_output=True, text=True, timeout=300,
+    ).stdout.splitlines()  # fmt: skip
+
+
+def test_the_levanter_wheel_alone_installs_no_pth_and_leaves_lm_eval_without_meltemi(installed):
+    levanter_site, _, env = installed
+    assert (levanter_site / "meltemi" / "levanter" / "harness" / "__init__.py").is_file()
+    assert sorted(p.name for p in levanter_site.glob("*.pth")) == []
+    assert _probe(env, levanter_site) == ["[]", "None"]
+
+
+def test_the_hook_wheel_registers_meltemi_only_when_lm_eval_loads_its_models(installed):
+    levanter_site, hook_site, env = installed
+    assert sorted(p.name for p in hook_site.glob("*.pth")) == ["meltemi_lm_eval.pth"]
     # Start-up imports nothing of lm-eval, JAX or Meltemi; `lm_eval.models` gets the lazy entry.
-    assert run(str(site_dir)) == ["[]", "meltemi.levanter.harness._model:MeltemiLM"]
-    assert run("") == ["[]", "None"]  # without the wheel's .pth lm-eval has no `meltemi`
+    target = "meltemi.levanter.harness._model:MeltemiLM"
+    assert _probe(env, levanter_site, hook_site) == ["[]", target]
 
 
-def test_lm_evals_own_cli_runs_the_meltemi_model(installed, hf_dir, ours, tmp_path):
-    site_dir, env = installed
+@pytest.mark.parametrize("command", ["lm_eval", "-m"], ids=["lm_eval+hook", "python-m-no-hook"])
+def test_lm_evals_own_cli_runs_the_meltemi_model(installed, hf_dir, ours, tmp_path, command):
+    """`lm_eval --model meltemi` with the hook wheel; `python -m meltemi.levanter.harness`
+    (the same command line) with the levanter wheel alone."""
+    levanter_site, hook_site, env = installed
+    sites = [levanter_site, hook_site] if command == "lm_eval" else [levanter_site]
     tasks_dir = LEVANTER / "harness_tasks"
-    cmd = [sys.executable, "-c", _LM_EVAL_CLI, str(site_dir), "--model", "meltemi",
+    cmd = [sys.executable, "-c", _CLI, ":".join(map(str, sites)), command, "--model", "meltemi",
            "--model_args", f"checkpoint={hf_dir}", "--tasks", TASK, "--include_path",
            str(tasks_dir), "--limit", "4", "--output_path", str(tmp_path)]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
@@ -250,12 +273,13 @@ def test_harness_keys_are_checked(tmp_path):
     assert spec.eval.harness_tasks == ("meltemi_tiny_mc",) and spec.eval.harness_every_steps == 2
 
 
-def test_the_trainer_runs_the_harness_and_logs_it(tmp_path):
+def test_the_trainer_runs_the_harness_and_logs_it(tmp_path, caplog):
     import json
 
     import jax
 
     from meltemi.levanter.config import resolve
+    from meltemi.levanter.main._hooks import training_hooks
     from meltemi.levanter.mesh import make_mesh
     from meltemi.levanter.trainer import Trainer
 
@@ -263,7 +287,7 @@ def test_the_trainer_runs_the_harness_and_logs_it(tmp_path):
     bad = resolve(_resolved(tmp_path, ("eval.harness_tasks", "('meltemi_tiny_mcq',)"),
                             ("eval.harness_every_steps", "1")))  # fmt: skip
     with pytest.raises(EvalError, match=r"'meltemi_tiny_mcq' is unknown to lm-eval"):
-        Trainer(bad, mesh=mesh)  # before any step
+        training_hooks(bad)  # what the binary adds to the trainer, checked before any step
     spec = resolve(
         _resolved(
             tmp_path,
@@ -272,7 +296,15 @@ def test_the_trainer_runs_the_harness_and_logs_it(tmp_path):
             ("eval.harness_limit", "4"),
         )
     )
-    Trainer(spec, mesh=mesh).run()  # fmt: skip
+    # The binary's wiring (main/): the trainer runs the harness only as a hook given to it,
+    # and says so when the config asks for tasks but no hook is given.
+    with caplog.at_level("WARNING"):
+        Trainer(spec, mesh=mesh)
+    assert "eval.harness_tasks=('meltemi_tiny_mc',): the trainer runs them only as a hook" in (
+        caplog.text
+    )
+    (hook,) = training_hooks(spec)
+    Trainer(spec, mesh=mesh, hooks=[hook]).run()
     records = [
         json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().split("\n") if x
     ]

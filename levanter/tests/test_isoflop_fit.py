@@ -12,6 +12,7 @@ from meltemi.levanter.experiments import (
     fit,
     fit_loss_law,
     fit_parabola,
+    fit_power_law,
 )
 
 BUDGETS = (1e9, 3e9, 1e10, 3e10, 1e11)
@@ -153,3 +154,29 @@ def test_a_budget_without_minimum_is_left_out_when_not_strict():
     assert len(f.parabolas) == len(BUDGETS)
     assert len(f.excluded) == 1 and "5e+11" in f.excluded[0]
     assert f.n_law.exponent == pytest.approx(A_TRUE, abs=1e-9)
+
+
+def test_a_power_law_of_an_unbounded_optimum_is_a_fit_error():
+    with pytest.raises(FitError, match=r"needs finite positive values, got inf among 2: an "
+                       r"isoflop parabola this flat has no usable minimum"):  # fmt: skip
+        fit_power_law([1e10, 1e12], [1e3, math.inf])
+    with pytest.raises(FitError, match=r"out of range \(log k="):
+        fit_power_law([1e10, 1e12], [1e300, 1e3])
+
+
+def test_a_bootstrap_draw_with_a_flat_parabola_is_dropped_not_fatal():
+    # The losses of the 4-size micro sweep (2026-11-26): at 3e9 the minimum lies below the
+    # smallest size, so with the run noise some redrawn parabolas are nearly flat and put
+    # N_opt past any float; those draws are counted as failed (they raised OverflowError).
+    n = {4: 1.3e3, 8: 2.9e3, 16: 7.5e3, 32: 2.3e4}
+    losses = {
+        3e9: {4: 2.7042, 8: 2.7186, 16: 2.7713, 32: 2.8154},
+        1e10: {4: 2.6898, 8: 2.5436, 16: 2.5329, 32: 2.5698},
+    }
+    pts = [Point(c, n[w], c / (6 * n[w]), loss) for c, row in losses.items()
+           for w, loss in row.items()]  # fmt: skip
+    f = fit(pts, strict=False)
+    out = bootstrap(pts, f, samples=50, confidence=0.95, seed=0, predict_at=[3e10])
+    assert out["failed"] > 0 and out["samples"] + out["failed"] == 50
+    lo, hi = out["intervals"]["predict@3e+10/loss"]
+    assert math.isfinite(lo) and math.isfinite(hi) and lo < hi

@@ -210,3 +210,72 @@ def test_profile_steps_outside_the_run_are_refused(tmp_path):
         ConfigError, match=r"trainer.profile=\(5, 9\): \(FIRST, LAST\).*num_train_steps=6"
     ):
         resolve(_tiny.config(tmp_path, **{"trainer.profile": (5, 9)}))
+
+
+class _ParamSum:
+    """A hook from outside the trainer (as `main/` adds the harness): every 3 steps, the sum of
+    the parameters, logged as `probe/param_sum`."""
+
+    def __init__(self):
+        self.calls = []
+
+    def due(self, step, stopping):
+        return step % 3 == 0
+
+    def __call__(self, end):
+        self.calls.append((end.step, end.stopping, end.final))
+        total = sum(
+            float(np.asarray(x, np.float64).sum()) for x in jax.tree.leaves(end.state.params)
+        )
+        end.say(f"step {end.step}: param sum {total:.6f}")
+        return {"probe/param_sum": total}
+
+
+def test_a_hook_given_to_the_trainer_runs_when_due_and_logs_with_its_step(tmp_path):
+    hook = _ParamSum()
+    trainer = Trainer(
+        ResolvedConfig(_tiny.config(tmp_path / "hooked"), {}),
+        _tiny.parts(),
+        _tiny.one_device_mesh(),
+        hooks=[hook],
+    )
+    result = trainer.run()
+    assert hook.calls == [(3, False, False), (6, False, True)]
+    records = read_metrics(tmp_path / "hooked" / "metrics.jsonl")
+    logged = {r["step"]: r.get("probe/param_sum") for r in records}
+    assert [s for s, v in logged.items() if v is not None] == [3, 6]
+    # The logged sums are those of the parameters after steps 3 and 6, trained without a hook.
+    for step in (3, 6):
+        plain, _ = _run(_tiny.config(tmp_path / f"plain{step}"), stop_after=step)
+        expect = sum(
+            float(np.asarray(x, np.float64).sum()) for x in jax.tree.leaves(plain.state.params)
+        )
+        assert logged[step] == expect
+    # A hook changes nothing the run computes.
+    _, unhooked = _run(_tiny.config(tmp_path / "unhooked"))
+    assert result.losses == unhooked.losses and result.eval == unhooked.eval
+
+
+def test_add_hook_refuses_what_is_not_a_hook(tmp_path):
+    trainer = Trainer(
+        ResolvedConfig(_tiny.config(tmp_path), {}), _tiny.parts(), _tiny.one_device_mesh()
+    )
+    with pytest.raises(TypeError, match=r"add_hook\(.*\): a hook needs due\(step, stopping\)"):
+        trainer.add_hook(lambda end: None)
+
+
+def test_run_parts_read_a_rows_fields_from_the_data_and_check_declared_ones(tmp_path):
+    import dataclasses
+
+    from meltemi.levanter.trainer import fields_of, plan
+
+    parts = _tiny.parts()  # its StepParts declares no batch fields
+    step = parts.checked_step()
+    assert step.batch_fields == fields_of(parts.train_data.sequences(np.arange(1)))
+    spec = resolve(ResolvedConfig(_tiny.config(tmp_path), {}))
+    with pytest.raises(ValueError, match=r"parts.batch_fields is None; pass RunParts.checked_"):
+        plan(spec, mesh=_tiny.one_device_mesh(), parts=parts.step)
+    wrong = dict(step.batch_fields, tokens=jax.ShapeDtypeStruct((3,), np.int32))
+    parts.step = dataclasses.replace(parts.step, batch_fields=wrong)
+    with pytest.raises(RuntimeError, match=r"batch fields .* differ from the data's"):
+        parts.checked_step()

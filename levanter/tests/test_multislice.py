@@ -28,8 +28,9 @@ from _subprocess import env as subprocess_env  # noqa: E402
 from meltemi import fray  # noqa: E402
 from meltemi.levanter.config import load_config  # noqa: E402
 from meltemi.levanter.mesh import make_mesh  # noqa: E402
+from meltemi.levanter.multislice import launch_multislice  # noqa: E402
 from meltemi.levanter.tracking import read_metrics  # noqa: E402
-from meltemi.levanter.trainer import Trainer, build_parts, launch_multislice  # noqa: E402
+from meltemi.levanter.trainer import Trainer, build_parts  # noqa: E402
 
 STEPS = 12
 KILL_AT = 3
@@ -133,7 +134,7 @@ _CACHE_PROBE = """
 import sys
 import jax, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
-from meltemi.levanter.trainer._slice_worker import write_compile_cache_from_every_rank
+from meltemi.levanter.multislice import write_compile_cache_from_every_rank
 rank, port, cache, every_rank = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "1"
 hits = []
 jax.monitoring.register_event_listener(

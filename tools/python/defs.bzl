@@ -30,14 +30,16 @@ def pytest_test(name, srcs, deps = [], args = [], data = [], **kwargs):
         **kwargs
     )
 
-def meltemi_library_checks(name, lib, meltemi_deps = []):
+def meltemi_library_checks(name, lib, meltemi_deps = [], doctest = True):
     """Declares the standard checks and file groups of the library folder `//<lib>`.
 
     Args:
         name: a name for the group of checks (targets are :wheel_test, :lint_test, :doctest).
-        lib: the library folder name (haliax, data, fray, models, levanter).
-        meltemi_deps: the Meltemi libraries its wheel depends on (their wheels are built and
-            installed beside it in the wheel test).
+        lib: the library folder name (haliax, data, fray, models, levanter, or a hook wheel's).
+        meltemi_deps: the Meltemi libraries its wheel depends on, directly or through another
+            (their wheels are built and installed beside it in the wheel test).
+        doctest: whether to declare :doctest over `meltemi.<lib>` (False for a start-up hook
+            wheel, which has no `meltemi.*` package).
     """
     native.filegroup(
         name = "package_files",
@@ -76,6 +78,8 @@ def meltemi_library_checks(name, lib, meltemi_deps = []):
         data = [":lint_files", "//:ruff_config"],
         python_version = "PY3",
     )
+    if not doctest:
+        return
     native.py_test(
         name = "doctest",
         size = "medium",

@@ -1,4 +1,4 @@
-"""Releases one Meltemi library.
+"""Releases one Meltemi library (or the opt-in hook wheel, `--lib=lm-eval`).
 
     ./bazelw run //tools:release -- --lib=data --bump=minor [--out=dist] [--publish=DIR] [--dry_run]
 

@@ -3,7 +3,7 @@
 A release of `meltemi-<lib>` (see `release.py` for the command):
 
 1. bumps `version` in `<lib>/pyproject.toml` and `__version__` in its `__init__.py` (and the
-   doctest that shows it);
+   doctest that shows it; a start-up hook wheel such as `lm-eval` has only the first);
 2. moves the `## [Unreleased]` entries of `<lib>/CHANGELOG.md` (Keep a Changelog) under a new
    `## [X.Y.Z] - DATE` heading, leaving an empty Unreleased section; an empty Unreleased section
    is an error (nothing to release);
@@ -28,7 +28,10 @@ import sys
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-LIBRARIES = ("haliax", "fray", "data", "models", "levanter")
+from tools.wheels import wheel_lib as wl
+
+# Every wheel released from this repository: the libraries and the opt-in hook wheels.
+LIBRARIES = wl.WHEELS
 BUMPS = ("major", "minor", "patch")
 UNRELEASED = "## [Unreleased]"
 
@@ -129,7 +132,10 @@ def raise_lower_bound(pyproject_text: str, dist: str, new: str) -> str:
         raise ReleaseError(f"no requirement on {dist} to raise")
     req = Requirement(spec)
     others = [str(s) for s in req.specifier if s.operator not in (">=", "==", "~=")]
-    updated = f"{dist}>={new}" + ("," + ",".join(others) if others else "")
+    extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""  # e.g. [harness]
+    updated = f"{dist}{extras}>={new}" + ("," + ",".join(others) if others else "")
+    if req.marker is not None:  # in a TOML "..." string: single quotes
+        updated += "; " + str(req.marker).replace('"', "'")
     return pyproject_text.replace(f'"{spec}"', f'"{updated}"', 1)
 
 
@@ -189,8 +195,9 @@ def apply(root: pathlib.Path, p: Plan, date: datetime.date) -> list[pathlib.Path
         lib_dir / "pyproject.toml": set_version((lib_dir / "pyproject.toml").read_text(), p.new),
         changelog: release_changelog(changelog.read_text(), p.new, date, f"{p.lib}/CHANGELOG.md"),
     }
-    init = lib_dir / "src" / "meltemi" / p.lib / "__init__.py"
-    edits[init] = set_init_version(init.read_text(), p.old, p.new)
+    if p.lib not in wl.HOOKS:  # a hook wheel has no meltemi.<lib> package
+        init = lib_dir / "src" / "meltemi" / p.lib / "__init__.py"
+        edits[init] = set_init_version(init.read_text(), p.old, p.new)
     for dep in p.raised:
         path = root / dep / "pyproject.toml"
         edits[path] = raise_lower_bound(path.read_text(), f"meltemi-{p.lib}", p.new)

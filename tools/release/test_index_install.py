@@ -1,9 +1,10 @@
 """The way users will get Meltemi from a package index: one library alone, by name.
 
-The five wheels are built and published into a local PEP 503 "simple" index directory. Then
-`meltemi-fray` alone, and `meltemi-models` alone, are installed by name with
-`pip install --index-url file://...` into fresh virtualenvs; pip must find the Meltemi
-libraries each depends on in that index (and only there). Third-party dependencies are the
+The six wheels are built and published into a local PEP 503 "simple" index directory. Then
+`meltemi-fray` alone, `meltemi-models` alone, and `meltemi-levanter[harness]` followed by the
+opt-in `meltemi-lm-eval` are installed by name with `pip install --index-url file://...` into
+fresh virtualenvs; pip must find the Meltemi libraries each depends on in that index (and only
+there). Third-party dependencies are the
 lock's own installed copies, linked into the virtualenv, so nothing is downloaded.
 """
 
@@ -48,21 +49,23 @@ def index(tmp_path_factory):
     here = pathlib.Path.cwd()
     work = tmp_path_factory.mktemp("release")
     simple = work / "simple"
-    for lib in wl.LIBRARIES:
+    for lib in wl.WHEELS:
         src = wl.copy_library(here / lib, work / "src" / lib)
         rl.publish(wl.build(src, work / "dist", sdist=False), simple)
     assert sorted(p.name for p in simple.iterdir() if p.is_dir()) == sorted(
-        f"meltemi-{lib}" for lib in wl.LIBRARIES
+        f"meltemi-{lib}" for lib in wl.WHEELS
     )
     return simple
 
 
-def _install(index: pathlib.Path, venv_root: pathlib.Path, lib: str) -> pathlib.Path:
-    here = pathlib.Path.cwd()
-    requirements = []
-    for name in [lib, *wl.split_requirements(wl.read_pyproject(here / lib)["project"])[0]]:
-        requirements += wl.split_requirements(wl.read_pyproject(here / name)["project"])[1]
-    python = wl.make_env(venv_root, [], wl.closure(requirements))
+def _env(venv_root: pathlib.Path, lib: str) -> pathlib.Path:
+    """A fresh virtualenv holding the third-party requirements of `lib` and its Meltemi deps."""
+    requirements = wl.meltemi_closure(pathlib.Path.cwd(), lib)[1]
+    return wl.make_env(venv_root, [], wl.closure(requirements))
+
+
+def _install(index: pathlib.Path, venv_root: pathlib.Path, lib: str, python=None) -> pathlib.Path:
+    python = python or _env(venv_root, lib)
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "--disable-pip-version-check", "--python", str(python),
          "install", "--no-cache-dir", "--index-url", index.as_uri(), f"meltemi-{lib}"],
@@ -107,3 +110,28 @@ def test_models_alone_pulls_haliax_from_the_index(index, tmp_path):
     assert _installed(python) == {"meltemi-models", "meltemi-haliax"}
     out = _run(python, MODELS_PROGRAM)
     assert "models says" in out and "True" in out
+
+
+LM_EVAL_PROBE = """
+import sys
+print(sorted({m.split(".")[0] for m in sys.modules} & {"jax", "lm_eval", "meltemi"}))
+import lm_eval.models
+from lm_eval.api.registry import model_registry
+print(dict(model_registry.items()).get("meltemi"))
+if "meltemi" in model_registry:
+    print(model_registry.get("meltemi").__name__)
+"""
+
+
+def test_lm_eval_model_is_opt_in_through_the_hook_wheel(index, tmp_path):
+    python = _env(tmp_path / "venv", "lm-eval")  # lm-eval and the rest of the harness extra
+    _install(index, tmp_path / "venv", "levanter[harness]", python)
+    assert _installed(python) == {f"meltemi-{lib}" for lib in wl.LIBRARIES}
+    (site,) = (tmp_path / "venv").glob("lib/python*/site-packages")
+    assert not [p.name for p in site.glob("*.pth") if "meltemi" in p.name]
+    assert _run(python, LM_EVAL_PROBE).splitlines() == ["[]", "None"]
+
+    _install(index, tmp_path / "venv", "lm-eval", python)
+    assert _installed(python) == {f"meltemi-{lib}" for lib in wl.WHEELS}
+    target = "meltemi.levanter.harness._model:MeltemiLM"
+    assert _run(python, LM_EVAL_PROBE).splitlines() == ["[]", target, "MeltemiLM"]

@@ -1,4 +1,4 @@
-"""Release steps, one by one and end to end on a scratch git copy of the five libraries."""
+"""Release steps, one by one and end to end on a scratch git copy of the six wheels' folders."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def _git(root, *args):
 
 @pytest.fixture
 def repo(tmp_path):
-    """The five libraries' package files in a scratch git repository with one commit."""
+    """The package files of every wheel in a scratch git repository with one commit."""
     here = pathlib.Path.cwd()
     root = tmp_path / "repo"
     for lib in rl.LIBRARIES:
@@ -93,6 +93,39 @@ def test_only_dependents_that_changed_get_a_raised_bound(repo):
     assert "## [0.2.0] - 2026-11-23" in (repo / "haliax" / "CHANGELOG.md").read_text()
     haliax_init = (repo / "haliax" / "src" / "meltemi" / "haliax" / "__init__.py").read_text()
     assert '__version__ = "0.2.0"' in haliax_init and "'0.2.0'" in haliax_init
+
+
+def test_a_levanter_release_raises_the_hook_wheels_bound_and_keeps_its_extra(repo):
+    hook = repo / "lm-eval" / "src" / "_meltemi_lm_eval.py"
+    hook.write_text(hook.read_text() + "\n# uses something new\n")
+    p = rl.plan(repo, "levanter", "minor")
+    assert p.raised == ("lm-eval",)
+    rl.apply(repo, p, datetime.date(2026, 11, 23))
+    text = (repo / "lm-eval" / "pyproject.toml").read_text()
+    assert '"meltemi-levanter[harness]>=0.2.0"' in text and 'version = "0.1.0"' in text
+
+
+def test_the_hook_wheel_releases_alone(repo, capsys, monkeypatch):
+    monkeypatch.setenv("BUILD_WORKSPACE_DIRECTORY", str(repo))
+    code = release.main(["--lib=lm-eval", "--bump=patch", "--date=2026-11-23", "--publish=idx"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "meltemi-lm-eval: 0.1.0 -> 0.1.1" in out and "tag: meltemi-lm-eval-v0.1.1" in out
+    assert (repo / "dist" / "meltemi_lm_eval-0.1.1-py3-none-any.whl").exists()
+    assert (repo / "dist" / "meltemi_lm_eval-0.1.1.tar.gz").exists()
+    assert (
+        "meltemi_lm_eval-0.1.1.tar.gz#sha256="
+        in (repo / "idx" / "meltemi-lm-eval" / "index.html").read_text()
+    )
+    assert "## [0.1.1] - 2026-11-23" in (repo / "lm-eval" / "CHANGELOG.md").read_text()
+    # Its dependency on levanter is not a release of levanter: levanter's files are untouched.
+    assert 'version = "0.1.0"' in (repo / "levanter" / "pyproject.toml").read_text()
+
+
+def test_raising_a_bound_keeps_extras_and_markers():
+    text = "    \"meltemi-levanter[harness]>=0.1.0,<1; python_version >= '3.11'\",\n"
+    out = rl.raise_lower_bound(text, "meltemi-levanter", "0.2.0")
+    assert out == "    \"meltemi-levanter[harness]>=0.2.0,<1; python_version >= '3.11'\",\n"
 
 
 def test_a_tag_marks_the_previous_release(repo):
@@ -128,4 +161,4 @@ def test_bad_arguments_are_one_error_line(repo, capsys, monkeypatch):
     monkeypatch.setenv("BUILD_WORKSPACE_DIRECTORY", str(repo))
     assert release.main(["--lib=dta", "--bump=minor"]) == 2
     err = capsys.readouterr().err
-    assert err == "error: --lib='dta' is not one of haliax, fray, data, models, levanter\n"
+    assert err == "error: --lib='dta' is not one of haliax, fray, data, models, levanter, lm-eval\n"

@@ -9,7 +9,12 @@ The check a library's `wheel_test` runs:
    a fresh virtualenv that holds nothing but its declared third-party dependencies and their own
    dependencies (linked from the build venv, so nothing is downloaded), and every module of the
    library is imported there: once without extras (skipping the modules listed under
-   `[tool.meltemi] extra_modules`), once with every extra.
+   `[tool.meltemi] extra_modules`), once with every extra;
+3. contents: a library's wheel installs only `meltemi/<lib>/` (no `.pth`, no top-level module:
+   whatever a `.pth` names runs at the start of every Python process of everyone who installs
+   the wheel). A start-up hook is its own opt-in wheel (`HOOKS`, `[tool.meltemi] startup_hook`):
+   it installs exactly its `.pth` and the one module that line imports, and start-up in an
+   environment holding it imports that module and nothing else.
 """
 
 from __future__ import annotations
@@ -26,10 +31,16 @@ import sys
 import sysconfig
 import tomllib
 import venv
+import zipfile
 
 from packaging.requirements import Requirement
 
+# The libraries, lowest layer first: folder `<lib>/`, wheel `meltemi-<lib>`, package meltemi.<lib>.
 LIBRARIES = ("haliax", "fray", "data", "models", "levanter")
+# Opt-in wheels that install a start-up hook (`<name>/`, wheel `meltemi-<name>`), no package.
+HOOKS = ("lm-eval",)
+# Every wheel the repository builds and releases, in dependency order.
+WHEELS = LIBRARIES + HOOKS
 
 
 class WheelCheckError(Exception):
@@ -83,6 +94,42 @@ def split_requirements(project: dict) -> tuple[list[str], list[Requirement], dic
         k: [Requirement(s) for s in v] for k, v in project.get("optional-dependencies", {}).items()
     }
     return meltemi, third_party, extras
+
+
+def meltemi_closure(root: pathlib.Path, lib: str) -> tuple[list[str], list[Requirement]]:
+    """`lib` and every Meltemi wheel it needs, directly or through another (folder names, `lib`
+    first), and the third-party requirements of them all, with the extras that each Meltemi
+    requirement asks for (`meltemi-levanter[harness]` brings levanter's `harness` extra)."""
+    order: list[str] = []
+    requirements: list[Requirement] = []
+    seen: set[tuple[str, str]] = set()
+    todo = [(lib, "")]
+    while todo:
+        name, extra = todo.pop(0)
+        if (name, extra) in seen:
+            continue
+        seen.add((name, extra))
+        if not (root / name / "pyproject.toml").is_file():
+            raise WheelCheckError(f"meltemi-{name} is required but {root / name} has no pyproject")
+        project = read_pyproject(root / name)["project"]
+        if name not in order:
+            order.append(name)
+        _, third_party, extras = split_requirements(project)
+        if extra and extra not in extras:
+            raise WheelCheckError(
+                f"meltemi-{name}[{extra}] is required but {name}/pyproject.toml has no extra "
+                f"{extra!r} (it has {sorted(extras)})"
+            )
+        requirements += extras[extra] if extra else third_party
+        if extra:
+            continue  # the extra adds requirements; the library's own deps come with ""
+        for spec in project.get("dependencies", []):
+            req = Requirement(spec)
+            dist = normalize(req.name)
+            if dist.startswith("meltemi-"):
+                dep = dist.removeprefix("meltemi-")
+                todo += [(dep, "")] + [(dep, e) for e in sorted(req.extras)]
+    return order, requirements
 
 
 def closure(requirements: list[Requirement]) -> set[str]:
@@ -179,6 +226,45 @@ def check_static_imports(lib: str, lib_dir: pathlib.Path, layers: dict[str, list
         raise WheelCheckError(f"meltemi-{lib}:\n  " + "\n  ".join(problems))
 
 
+def startup_hook(pyproject: dict) -> dict | None:
+    """A hook wheel's `[tool.meltemi] startup_hook` (`{pth = "x.pth", module = "_x"}`) or None."""
+    return pyproject.get("tool", {}).get("meltemi", {}).get("startup_hook")
+
+
+def check_wheel_contents(wheel: pathlib.Path, lib: str, pyproject: dict) -> list[str]:
+    """Raises WheelCheckError unless the wheel installs only what its kind may (see the module
+    docstring); returns the files it installs (besides its .dist-info)."""
+    with zipfile.ZipFile(wheel) as zf:
+        files = sorted(n for n in zf.namelist() if not n.split("/")[0].endswith(".dist-info"))
+        hook = startup_hook(pyproject)
+        if hook is None:
+            problems = []
+            for name in files:
+                if name.endswith(".pth"):
+                    problems.append(
+                        f"installs {name}: a .pth runs at the start of every Python process of "
+                        f"everyone who installs meltemi-{lib}; put a start-up hook in its own "
+                        "opt-in wheel with [tool.meltemi] startup_hook (as lm-eval/ does)"
+                    )
+                elif not name.startswith(f"meltemi/{lib}/"):
+                    problems.append(
+                        f"installs {name} outside meltemi/{lib}/: ship only the package "
+                        '(packages = ["src/meltemi"] in [tool.hatch.build.targets.wheel])'
+                    )
+        else:
+            pth, module = hook["pth"], hook["module"]
+            expected = sorted([pth, f"{module}.py"])
+            problems = [] if files == expected else [
+                f"installs {files}, but a start-up hook wheel must install exactly {expected} "
+                "([tool.meltemi] startup_hook and [tool.hatch.build.targets.wheel] only-include)"
+            ]  # fmt: skip
+            if pth in files and zf.read(pth).decode().strip() != f"import {module}":
+                problems.append(f"{pth} must hold the one line `import {module}`")
+    if problems:
+        raise WheelCheckError(f"{wheel.name}:\n  " + "\n  ".join(problems))
+    return files
+
+
 def make_env(root: pathlib.Path, wheels: list[pathlib.Path], dists: set[str]) -> pathlib.Path:
     """A fresh venv holding `wheels` plus links to the given installed distributions."""
     venv.EnvBuilder(with_pip=False, symlinks=True).create(root)
@@ -234,19 +320,61 @@ if failures:
 """
 
 
-def import_all(python: pathlib.Path, lib: str, skip: list[str]) -> str:
+def run_isolated(python: pathlib.Path, program: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -I -c program args` from `/`, without this process's PYTHONPATH, JAX on the CPU."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSAFEPATH")}
     env["JAX_PLATFORMS"] = "cpu"
-    proc = subprocess.run(
-        [str(python), "-I", "-c", _IMPORT_ALL, lib, *skip],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd="/",
+    return subprocess.run(
+        [str(python), "-I", "-c", program, *args], capture_output=True, text=True, env=env, cwd="/"
     )
+
+
+def import_all(python: pathlib.Path, lib: str, skip: list[str]) -> str:
+    proc = run_isolated(python, _IMPORT_ALL, lib, *skip)
     if proc.returncode != 0:
         raise WheelCheckError(
             f"meltemi-{lib} does not import with only its declared dependencies:\n"
             f"{proc.stdout}\n{proc.stderr}"
         )
     return proc.stdout.strip()
+
+
+_STARTUP_MODULES = "import sys; print(' '.join(sorted(sys.modules)))"
+
+
+def startup_modules(python: pathlib.Path) -> set[str]:
+    """The modules an interpreter of `python`'s environment has imported when it starts."""
+    proc = run_isolated(python, _STARTUP_MODULES)
+    if proc.returncode != 0:
+        raise WheelCheckError(f"{python} does not start:\n{proc.stderr}")
+    return set(proc.stdout.split())
+
+
+def check_hook(without: pathlib.Path, with_hook: pathlib.Path, module: str) -> str:
+    """Checks a hook wheel in two environments that differ only by it: start-up imports exactly
+    `module` more, and the hook's registered `module.TARGET` ("pkg.mod:Name") imports."""
+    added = startup_modules(with_hook) - startup_modules(without)
+    if module not in added:
+        raise WheelCheckError(
+            f"start-up with the hook wheel does not import {module!r}: its .pth did not run "
+            f"(is it installed at the top of site-packages, holding `import {module}`?)"
+        )
+    also = sorted({m.split(".")[0] for m in added} - {module})
+    if also:
+        raise WheelCheckError(
+            f"start-up with the hook wheel imports {also} besides {module!r} (an environment "
+            f"without it does not): its .pth must import only {module!r}, and {module} nothing "
+            "at start-up (defer the work to a sys.meta_path finder)"
+        )
+    program = (
+        "import importlib, sys; m = importlib.import_module(sys.argv[1]); "
+        "mod, _, name = m.TARGET.partition(':'); getattr(importlib.import_module(mod), name); "
+        "print(m.TARGET)"
+    )
+    proc = run_isolated(with_hook, program, module)
+    if proc.returncode != 0:
+        raise WheelCheckError(
+            f"the hook's target does not import with only the declared dependencies:\n"
+            f"{proc.stdout}\n{proc.stderr}"
+        )
+    return f"start-up imports only {module}; its target {proc.stdout.strip()} imports"

@@ -41,6 +41,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
+from meltemi.levanter._private_api import fallback, parameter_names
 from meltemi.levanter.checkpoint._checksum import checksums, fetch
 
 logger = logging.getLogger(__name__)
@@ -262,6 +263,61 @@ def broadcast_from_process_0(flag: bool) -> bool:
     return bool(multihost_utils.broadcast_one_to_all(np.int32(bool(flag))))
 
 
+# What `release_orbax_threads` relies on in `orbax.checkpoint._src.futures.future`, as of
+# orbax-checkpoint 0.12 (the upper bound in levanter/pyproject.toml): a thread built with these
+# arguments keeps them as `_receive_signals` and `_operation_id`, `cancel()` makes it return
+# once signalled, and `set_signals(signals, operation_id=...)` sends them.
+_SIGNALING_INIT = (
+    "self", "target", "send_signals", "receive_signals", "timeout_secs", "operation_id", "kwargs"
+)  # fmt: skip
+_SET_SIGNALS = ("send_signals", "operation_id")
+_ORBAX_FALLBACK = (
+    "a failed save's orbax commit threads are not released: they wait out orbax's "
+    "coordination timeout and keep the process alive that long"
+)
+
+
+def orbax_thread_api() -> Any:
+    """orbax's private `future` module, if exactly as tested; else None and one warning."""
+    api = "orbax.checkpoint._src.futures.future"
+    try:
+        from orbax.checkpoint._src.futures import future
+    except ImportError as e:
+        fallback(api, f"cannot import: {e}", _ORBAX_FALLBACK)
+        return None
+    thread = getattr(future, "_SignalingThread", None)
+    if not (isinstance(thread, type) and issubclass(thread, threading.Thread)):
+        fallback(f"{api}._SignalingThread", "missing", _ORBAX_FALLBACK)
+        return None
+    for name, fn, want in (
+        ("_SignalingThread", thread.__init__, _SIGNALING_INIT),
+        ("set_signals", getattr(future, "set_signals", None), _SET_SIGNALS),
+    ):
+        names = None if fn is None else parameter_names(fn)
+        if names != want:
+            found = "missing" if fn is None else f"parameters {names}"
+            fallback(f"{api}.{name}", found, _ORBAX_FALLBACK)
+            return None
+    # A probe, never started: the attributes read below must hold what was passed.
+    try:
+        probe = thread(
+            target=lambda: None, send_signals=(), receive_signals=(), timeout_secs=1,
+            operation_id="meltemi-probe",
+        )  # fmt: skip
+    except Exception as e:  # on the error path of a failed save: never raise from here
+        fallback(f"{api}._SignalingThread", f"cannot be built: {e!r}", _ORBAX_FALLBACK)
+        return None
+    if (
+        getattr(probe, "_receive_signals", None) != ()
+        or getattr(probe, "_operation_id", None) != "meltemi-probe"
+        or not callable(getattr(probe, "cancel", None))
+    ):
+        found = "no _receive_signals, _operation_id or cancel"
+        fallback(f"{api}._SignalingThread", found, _ORBAX_FALLBACK)
+        return None
+    return future
+
+
 def release_orbax_threads() -> int:
     """Lets the commit threads of a failed orbax save end now; returns how many there were.
 
@@ -270,23 +326,19 @@ def release_orbax_threads() -> int:
     sent (an unwritable directory, a full disk), nothing ever sends it: they wait for the
     coordination timeout (minutes) and keep the process alive after `main` returns. Each is
     cancelled and then sent the signals it waits for, so it wakes, sees the cancellation and
-    returns without writing. Orbax has no public call for this (0.12.8); if its internals
-    change, this finds no thread and does nothing.
+    returns without writing. Orbax has no public call for this (0.12.8): if its private one
+    differs from the tested one (`orbax_thread_api`), this warns once and releases none.
     """
-    try:
-        from orbax.checkpoint._src.futures import future as ocp_future
-    except ImportError:
+    future = orbax_thread_api()
+    if future is None:
         return 0
-    signaling = getattr(ocp_future, "_SignalingThread", None)
     released = 0
     for thread in threading.enumerate():
-        if signaling is None or not isinstance(thread, signaling) or not thread.is_alive():
+        if not isinstance(thread, future._SignalingThread) or not thread.is_alive():
             continue
         thread.cancel()
-        signals = getattr(thread, "_receive_signals", ())
-        operation = getattr(thread, "_operation_id", None)
-        if signals and operation is not None:
-            ocp_future.set_signals(signals, operation_id=operation)
+        if thread._receive_signals:
+            future.set_signals(thread._receive_signals, operation_id=thread._operation_id)
         released += 1
     return released
 

@@ -14,8 +14,10 @@ Example:
     (0, 8)
 """
 
-from meltemi.levanter.config._base import base_config, mixture_component
+from meltemi.levanter.config._base import base_config, key_reference, mixture_component
+from meltemi.levanter.config._checks import check_choice, check_int
 from meltemi.levanter.config._errors import (
+    BuildError,
     ConfigError,
     ConfigTypeError,
     InertKeyError,
@@ -46,7 +48,6 @@ from meltemi.levanter.config._resolve import (
 from meltemi.levanter.config._schedule import BatchScheduleError, BatchSizes
 from meltemi.levanter.config._spec import (
     COMPUTE_DTYPES,
-    BuildError,
     CheckpointSpec,
     DataSpec,
     EvalSpec,
@@ -56,6 +57,8 @@ from meltemi.levanter.config._spec import (
     TrainerSpec,
     as_spec,
     compute_dtype,
+    default_cache_dir,
+    lora_config,
     make_tokenizer,
     model_config,
     optimizer_config,
@@ -88,11 +91,16 @@ __all__ = [
     "apply_overrides",
     "as_spec",
     "base_config",
+    "check_choice",
+    "check_int",
     "closest_key",
     "compute_dtype",
+    "default_cache_dir",
     "file_source",
     "flatten",
+    "key_reference",
     "load_config",
+    "lora_config",
     "make_tokenizer",
     "mixture_component",
     "mixture_plan",

@@ -25,3 +25,7 @@ class ConfigTypeError(ConfigError):
 
 class InertKeyError(ConfigError):
     """A key is set but has no effect under the other settings (which the message names)."""
+
+
+class BuildError(ConfigError):
+    """A model, data or optimizer setting that cannot be built (names the key and the fix)."""

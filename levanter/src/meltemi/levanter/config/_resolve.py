@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import traceback
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -219,14 +220,47 @@ def _load_module(path: pathlib.Path):
     name = "meltemi_config_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except ConfigError:
+        raise
+    except Exception as e:  # the user's code: one line naming the file and line, no traceback
+        raise _raised_in(path, e, "while loading the file") from None
     if not hasattr(module, "get_config"):
         raise ConfigError(f"config file {str(path)!r} defines no `get_config(variant=None)`.")
     return module
 
 
+def _raised_in(path: pathlib.Path, error: Exception, during: str) -> ConfigError:
+    """`error`, raised by the code of the config file `path`, as one line: `file:line: ...`."""
+    if isinstance(error, SyntaxError) and error.filename and _same_file(error.filename, path):
+        line = error.lineno
+        what = f"{type(error).__name__}: {error.msg}"
+    else:
+        frames = [f for f in traceback.extract_tb(error.__traceback__)
+                  if _same_file(f.filename, path)]  # fmt: skip
+        line = frames[-1].lineno if frames else None
+        lines = str(error).strip().splitlines()
+        what = type(error).__name__ + (f": {lines[0]}" if lines else "")
+    where = f"{path}:{line}" if line else str(path)
+    return ConfigError(f"{where}: {what} ({during}); fix the config file there.")
+
+
+def _same_file(name: str, path: pathlib.Path) -> bool:
+    try:
+        return os.path.samefile(name, path)
+    except OSError:
+        return False
+
+
 def _call(module, variant: str | None, path: pathlib.Path) -> ml_collections.ConfigDict:
-    config = module.get_config(variant) if variant else module.get_config()
+    call = f"get_config({variant!r})" if variant else "get_config()"
+    try:
+        config = module.get_config(variant) if variant else module.get_config()
+    except ConfigError:  # with_variant's unknown variant or key: already one line naming it
+        raise
+    except Exception as e:
+        raise _raised_in(path, e, f"in {call}") from None
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(
             f"{path}: get_config() returned {type(config).__name__}; it must return a locked "

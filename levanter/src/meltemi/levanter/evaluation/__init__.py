@@ -3,8 +3,12 @@
 `//levanter:eval` (`meltemi.levanter.main.eval`) loads a run checkpoint or a Hugging Face
 directory (`load_model`), cuts the config's evaluation sets and any `--eval_files` into fixed
 batches (`eval_sets`) and evaluates them with the trainer's own evaluator
-(`meltemi.levanter.trainer._eval.SetEvaluator`), so a checkpoint's numbers here equal the
-ones the run logged at that step.
+(`SetEvaluator`, which the trainer's in-run evaluation uses too), so a checkpoint's numbers
+here equal the ones the run logged at that step. The validation stores are the run's own:
+`cached_store` keys them the same way for the trainer and here, so nothing is tokenized twice.
+
+This floor sits below the trainer (`meltemi.levanter.runtime` < `evaluation` < `trainer`):
+importing it loads no trainer or multislice module.
 
 Example:
     >>> from meltemi.levanter.evaluation import macro_average
@@ -17,8 +21,10 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
+from meltemi.levanter.evaluation._bytes import batch_bytes, span_bytes
+from meltemi.levanter.evaluation._errors import EvalError
+from meltemi.levanter.evaluation._evaluator import SetEvaluator, eval_line, eval_record
 from meltemi.levanter.evaluation._load import (
-    EvalError,
     LoadedModel,
     eval_mesh,
     find_checkpoint,
@@ -33,15 +39,22 @@ from meltemi.levanter.evaluation._report import (
     write_report,
 )
 from meltemi.levanter.evaluation._sets import (
+    EvalSet,
     SetShape,
-    config_stores,
     eval_sets,
-    file_store,
+    fixed_eval_set,
     parse_eval_files,
     set_shape,
 )
-from meltemi.levanter.trainer._eval import SetEvaluator
-from meltemi.levanter.trainer._plan import make_loss_fns
+from meltemi.levanter.evaluation._stores import (
+    cached_store,
+    config_stores,
+    file_store,
+    open_store,
+    skipped_line,
+    source_store,
+)
+from meltemi.levanter.runtime import make_loss_fns
 
 
 def evaluate(loaded: LoadedModel, sets: list) -> dict[str, dict[str, float]]:
@@ -108,22 +121,32 @@ def evaluate_checkpoint(
 __all__ = [
     "MACRO",
     "EvalError",
+    "EvalSet",
     "LoadedModel",
     "SetEvaluator",
     "SetShape",
+    "batch_bytes",
+    "cached_store",
     "config_stores",
+    "eval_line",
     "eval_mesh",
+    "eval_record",
     "eval_sets",
     "evaluate",
     "evaluate_checkpoint",
     "file_store",
     "find_checkpoint",
+    "fixed_eval_set",
     "format_table",
     "load_model",
     "macro_average",
+    "open_store",
     "parse_eval_files",
     "report",
     "run_config",
     "set_shape",
+    "skipped_line",
+    "source_store",
+    "span_bytes",
     "write_report",
 ]

@@ -27,19 +27,21 @@ from meltemi.levanter.checkpoint import (
     verify_checkpoint,
 )
 from meltemi.levanter.config import ConfigError, ResolvedConfig, RunSpec, base_config, resolve
+from meltemi.levanter.evaluation._errors import EvalError
 from meltemi.levanter.mesh import PARAMETER_RULES, make_mesh
-from meltemi.levanter.trainer._plan import compute_context, mesh_of
-from meltemi.levanter.trainer._sharding import tree_shardings, with_shardings
-from meltemi.levanter.trainer._step import DTYPES, cast_floating
+from meltemi.levanter.runtime import (
+    DTYPES,
+    cast_floating,
+    compute_context,
+    mesh_of,
+    tree_shardings,
+    with_shardings,
+)
 
 
-class EvalError(ConfigError):
-    """A checkpoint, config or evaluation file that cannot be evaluated (names the fix)."""
-
-
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class LoadedModel:
-    """A model ready to evaluate.
+    """A model ready to evaluate (built with keywords: nine fields are too many to order).
 
     Attributes:
         path: the checkpoint directory.
@@ -232,8 +234,27 @@ def load_model(checkpoint: str, config: ResolvedConfig | None = None) -> LoadedM
         spec = resolve(resolved)
         params, static, mesh, step = _load_run(path, spec)
         dtype = DTYPES[spec.trainer.compute_dtype]
-        return LoadedModel(path, kind, params, static, spec.tokenizer, mesh, dtype, spec, step)
+        return LoadedModel(
+            path=path,
+            kind=kind,
+            params=params,
+            static=static,
+            tokenizer=spec.tokenizer,
+            mesh=mesh,
+            compute_dtype=dtype,
+            spec=spec,
+            step=step,
+        )
     spec = resolve(config) if config is not None else None
     params, static, mesh = _load_hf(path, spec)
     dtype = DTYPES[spec.trainer.compute_dtype] if spec is not None else jnp.float32
-    return LoadedModel(path, kind, params, static, _hf_tokenizer(path, spec), mesh, dtype, spec)
+    return LoadedModel(
+        path=path,
+        kind=kind,
+        params=params,
+        static=static,
+        tokenizer=_hf_tokenizer(path, spec),
+        mesh=mesh,
+        compute_dtype=dtype,
+        spec=spec,
+    )

@@ -1,21 +1,58 @@
-"""The evaluation sets of `//levanter:eval`: the config's validation sets and `--eval_files`."""
+"""Evaluation sets: fixed batches of a token store with their byte counts, and the sets of
+`//levanter:eval` (the config's validation sets and `--eval_files`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import pathlib
 import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
 
 from meltemi import data as md
-from meltemi.levanter.config import RunSpec
-from meltemi.levanter.config._spec import default_cache_dir
-from meltemi.levanter.evaluation._load import EvalError
-from meltemi.levanter.trainer._data import source_store
-from meltemi.levanter.trainer._eval import fixed_eval_set
-from meltemi.levanter.trainer._parts import EvalSet
+from meltemi.levanter.config import RunSpec, default_cache_dir
+from meltemi.levanter.evaluation._bytes import batch_bytes
+from meltemi.levanter.evaluation._errors import EvalError
+from meltemi.levanter.evaluation._stores import config_stores, file_store
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+@dataclasses.dataclass
+class EvalSet:
+    """A validation set: fixed batches, and how many UTF-8 bytes their loss tokens encode.
+
+    Attributes:
+        name: the tag in metric names (`eval/<name>/loss`, `eval/<name>/bpb`).
+        batches: host batches (global rows), evaluated in order.
+        num_bytes: UTF-8 bytes of the target tokens, for bits per byte.
+    """
+
+    name: str
+    batches: list[Mapping[str, np.ndarray]]
+    num_bytes: int
+
+
+def fixed_eval_set(
+    name: str, store: Any, tokenizer: Any, seq_len: int, batch_size: int, num_batches: int
+) -> EvalSet:
+    """The first `num_batches` batches of `batch_size` rows of a token store, unshuffled
+    (fewer when the set is shorter; at least one), with their byte count.
+
+    Args:
+        name: the set's name in metric names.
+        store: a `meltemi.data.TokenStore`.
+        tokenizer: the store's tokenizer (decodes the loss tokens for the byte count).
+        seq_len: tokens per row.
+        batch_size: rows per batch.
+        num_batches: the most batches to take.
+    """
+    ds = md.PackedDataset(store, seq_len=seq_len, batch_size=batch_size, seed=0)
+    count = min(num_batches, max(1, ds.num_sequences // batch_size))
+    batches = [ds.sequences(np.arange(i * batch_size, (i + 1) * batch_size)) for i in range(count)]
+    return EvalSet(name, batches, sum(batch_bytes(b, tokenizer) for b in batches))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,36 +97,6 @@ def parse_eval_files(text: str) -> dict[str, str]:
             raise EvalError(f"--eval_files: {name}={path!r}: no such file; check the path.")
         out[name] = str(pathlib.Path(path).expanduser())
     return out
-
-
-def file_store(
-    name: str, path: str, tokenizer: md.Tokenizer, cache_dir: pathlib.Path
-) -> md.TokenStore:
-    """A token store of one evaluation file (built once, cached by content and tokenizer)."""
-    source = md.Files(name, (path,))
-    try:
-        digest = hashlib.sha256(source.fingerprint().encode()).hexdigest()[:12]
-    except md.SourceError as e:
-        raise EvalError(f"--eval_files: {name}={path!r}: {e}") from None
-    store_dir = cache_dir / f"eval-{name}-{tokenizer.fingerprint()[:12]}-{digest}"
-    md.build_store([source], tokenizer, store_dir)
-    store = md.TokenStore.open(store_dir, tokenizer)
-    if store.num_tokens == 0:
-        raise EvalError(f"--eval_files: {name}={path!r} holds no text to evaluate.")
-    return store
-
-
-def config_stores(spec: RunSpec) -> dict[str, md.TokenStore]:
-    """The stores of the config's evaluation sets (what the trainer evaluates, same names)."""
-    stores = {}
-    if spec.data.mixture is not None:
-        for c in spec.data.mixture.components:
-            if c.validation is not None:
-                key = f"data.components.{c.name}.validation"
-                stores[c.name] = source_store(spec, key, c.validation, spec.tokenizer)
-    for name, source in spec.data.validation:
-        stores[name] = source_store(spec, "data.validation_files", source, spec.tokenizer)
-    return stores
 
 
 def set_shape(spec: RunSpec | None, max_seq_len: int) -> SetShape:

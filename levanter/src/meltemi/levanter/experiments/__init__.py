@@ -3,7 +3,9 @@
 `Experiment(load_config("levanter/configs/isoflop.py"))` reads a trainer config with a
 `sweep` section; `sweep_and_fit()` trains every (budget, model size) run with the ordinary
 trainer as fray actors and fits parabolas and power laws; `predict(budget)` preregisters a
-prediction; `verify()` does all of it and trains the predicted-optimal model. The fits are
+prediction (its SHA-256 printed and logged to W&B, outside the run directory); `verify()` does
+all of it and trains the predicted-optimal model once the prediction's digest matches the one
+recorded (`verify(expect_sha256=...)` for a prediction written by an earlier call). The fits are
 plain functions of points (`fit`, `bootstrap`), usable on any data.
 
 Example:
@@ -16,7 +18,7 @@ Example:
     0.5
 """
 
-from meltemi.levanter.experiments._experiment import Experiment, load_prediction, payload_digest
+from meltemi.levanter.experiments._experiment import Experiment
 from meltemi.levanter.experiments._fit import (
     Fit,
     FitError,
@@ -39,6 +41,14 @@ from meltemi.levanter.experiments._ladder import (
     config_digest,
     shape_of,
     with_values,
+)
+from meltemi.levanter.experiments._prereg import (
+    check_prediction,
+    load_prediction,
+    parse_digest,
+    payload_digest,
+    preregistered_line,
+    record_in_trackers,
 )
 from meltemi.levanter.experiments._runner import SweepWorker, make_cluster, read_result, run_all
 from meltemi.levanter.experiments._spec import (
@@ -69,6 +79,7 @@ __all__ = [
     "SweepSpec",
     "SweepWorker",
     "bootstrap",
+    "check_prediction",
     "config_digest",
     "fit",
     "fit_json",
@@ -77,9 +88,12 @@ __all__ = [
     "fit_power_law",
     "load_prediction",
     "make_cluster",
+    "parse_digest",
     "payload_digest",
     "points_of",
+    "preregistered_line",
     "read_result",
+    "record_in_trackers",
     "run_all",
     "shape_of",
     "sweep_section",

@@ -6,7 +6,8 @@ Layout of `run_dir` (the config's `run_dir`, default `runs/<name>`):
                          result.json once finished)
     isoflop.json         every run, every fit, every interval
     isoflop.png          isoflop curves and the fitted frontier
-    prediction.json      written before anything runs at the predicted budget; sha256 inside
+    prediction.json      written before anything runs at the predicted budget; its sha256 is
+                         also printed and logged to W&B (outside this directory, _prereg.py)
     verification.json    the verification run's loss against the prediction
     batch.json/.png      `--sweep=batch`
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
 import json
 import math
 import os
@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from meltemi.levanter.config import ResolvedConfig, resolve, resolve_run_dir
+from meltemi.levanter.config import ResolvedConfig, RunSpec, resolve, resolve_run_dir
 from meltemi.levanter.experiments._fit import (
     Fit,
     FitError,
@@ -39,6 +39,15 @@ from meltemi.levanter.experiments._fit import (
 )
 from meltemi.levanter.experiments._ladder import Ladder, RunPlan, config_digest
 from meltemi.levanter.experiments._plot import plot_batch, plot_isoflop
+from meltemi.levanter.experiments._prereg import (
+    EXPECT_FLAG,
+    PREDICTION,
+    check_prediction,
+    load_prediction,
+    payload_digest,
+    preregistered_line,
+    record_in_trackers,
+)
 from meltemi.levanter.experiments._runner import WorkerPool, make_cluster, read_result, run_all
 from meltemi.levanter.experiments._spec import (
     SweepConfigError,
@@ -46,17 +55,11 @@ from meltemi.levanter.experiments._spec import (
     SweepSpec,
     sweep_spec,
 )
-from meltemi.levanter.trainer import build_parts
+from meltemi.levanter.trainer import Hook, build_parts
 
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def payload_digest(payload: Mapping[str, Any]) -> str:
-    """SHA-256 of a JSON document's canonical form, without its own `sha256` field."""
-    body = {k: v for k, v in payload.items() if k != "sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def _write_json(path: pathlib.Path, payload: Mapping[str, Any]) -> None:
@@ -71,7 +74,10 @@ class Experiment:
     Args:
         resolved: the loaded config: a trainer config with a `sweep` section.
         cluster: `local`, `ray` or `inprocess` (where the runs' workers live).
-        log: where progress lines go.
+        log: where progress lines go (default: stderr).
+        announce: where the `preregistered:` line goes, for the user to keep (default: stdout).
+        hooks: `hooks(spec)` -> more step-boundary hooks for each run's trainer (a
+            module-level function; `meltemi.levanter.main` passes the harness hook's), or None.
     """
 
     def __init__(
@@ -80,6 +86,8 @@ class Experiment:
         *,
         cluster: str = "local",
         log: Callable[[str], None] | None = None,
+        announce: Callable[[str], None] | None = None,
+        hooks: Callable[[RunSpec], Sequence[Hook]] | None = None,
     ):
         config = resolved.config
         if "sweep" not in config:
@@ -93,8 +101,12 @@ class Experiment:
         self.ladder = Ladder(resolved, self.sweep)
         self.cluster_kind = cluster
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.announce = announce or (lambda line: print(line, flush=True))
+        # The digest of the prediction this object wrote, recorded outside the run dir then.
+        self.preregistered_sha256: str | None = None
         self.timing: dict[str, float] = {}
         self._pool: WorkerPool | None = None
+        self.hooks = hooks
 
     # -- running ------------------------------------------------------------------------------
 
@@ -165,6 +177,7 @@ class Experiment:
                         pool,
                         parallel=min(self.sweep.parallel, len(jobs)),
                         on_done=on_done,
+                        hooks=self.hooks,
                     )
                 )
             except RuntimeError as e:
@@ -285,7 +298,7 @@ class Experiment:
             SweepConfigError: a run at that budget exists without a prediction written before
                 it, or `prediction.json` holds another budget or was edited.
         """
-        path = self.run_dir / "prediction.json"
+        path = self.run_dir / PREDICTION
         if path.is_file():
             existing = load_prediction(path)
             if not math.isclose(existing["budget"], budget, rel_tol=1e-9):
@@ -346,6 +359,12 @@ class Experiment:
         }
         payload["sha256"] = payload_digest(payload)
         _write_json(path, payload)
+        # The digest leaves the run directory now, before anything runs at this budget.
+        self.preregistered_sha256 = payload["sha256"]
+        self.announce(preregistered_line(payload, path))
+        config = self.resolved.config
+        for where in record_in_trackers(payload, config.logging, self.run_dir, config.name):
+            self.log(f"isoflop: prediction sha256 recorded in {where}")
         self.write_isoflop(records, f, boot, prediction=payload)
         self.log(
             f"isoflop: preregistered C={budget:.3g}: N_opt {pred['n_opt']:.3g}, D_opt "
@@ -355,12 +374,43 @@ class Experiment:
         )
         return payload
 
-    def verify(self, budget: float | None = None) -> dict[str, Any]:
-        """The whole experiment: sweep, fit, prediction, verification run; writes the JSONs."""
+    def verify(
+        self, budget: float | None = None, *, expect_sha256: str | None = None
+    ) -> dict[str, Any]:
+        """The whole experiment: sweep, fit, prediction, verification run; writes the JSONs.
+
+        The verification run starts only if `prediction.json`'s digest is the one recorded
+        outside the run directory: the one this call printed when it wrote the prediction,
+        or `expect_sha256` (the digest the user kept) for a prediction written before.
+
+        Raises:
+            SweepConfigError: a prediction written before without `expect_sha256`, a digest
+                that differs from `expect_sha256`, or `expect_sha256` without a prediction.
+        """
         start = time.perf_counter()
         budget = budget or self.sweep.predict_factor * max(self.sweep.budgets)
+        path = self.run_dir / PREDICTION
+        source = EXPECT_FLAG
+        if path.is_file() and expect_sha256 is None:
+            raise SweepConfigError(
+                f"{path} was preregistered by an earlier command: pass the digest of the "
+                f"`preregistered:` line it printed, --verify {EXPECT_FLAG}=<hex> (also in the "
+                "W&B run `<name>-prediction`, summary `prediction/sha256`), so that the file "
+                "is checked against a record outside the run directory."
+            )
+        if path.is_file():
+            check_prediction(path, expect_sha256, source)  # before anything runs
+        elif expect_sha256 is not None:
+            raise SweepConfigError(
+                f"{EXPECT_FLAG}={expect_sha256}: {path} does not exist, so nothing was "
+                "preregistered there; check --config.run_dir, or drop the flag to sweep, "
+                "predict and verify in one command."
+            )
         with self.workers():  # the sweep's workers train the verification run
-            prediction = self.predict(budget)
+            self.predict(budget)
+            if expect_sha256 is None:
+                expect_sha256, source = self.preregistered_sha256, "printed by this command"
+            prediction = check_prediction(path, expect_sha256, source)
             model = prediction["model"]
             run = self.ladder.plan("verify", budget, self.ladder.shape(model["shape"]["width"]))
             record = self._timed("verify_s", lambda: self.execute([run])[0])
@@ -371,6 +421,7 @@ class Experiment:
             "budget": budget,
             "metric": self.sweep.metric,
             "prediction_sha256": prediction["sha256"],
+            "prediction_sha256_checked_against": source,
             "predicted": model["loss"],
             "interval": [lo, hi],
             "actual": actual,
@@ -440,21 +491,6 @@ class Experiment:
                 f"isoflop: C={c['budget']:.3g}: critical batch size {c['critical_batch_size']}"
             )
         return payload
-
-
-def load_prediction(path: pathlib.Path) -> dict[str, Any]:
-    """Reads `prediction.json`, checking its SHA-256.
-
-    Raises:
-        SweepConfigError: the file was changed after it was written.
-    """
-    payload = json.loads(pathlib.Path(path).read_text())
-    if payload.get("sha256") != payload_digest(payload):
-        raise SweepConfigError(
-            f"{path}: its sha256 does not match its content: it was edited after it was "
-            "preregistered; restore it, or preregister again in a new --config.run_dir."
-        )
-    return payload
 
 
 def _fit_of(iso: Mapping[str, Any]) -> Fit:

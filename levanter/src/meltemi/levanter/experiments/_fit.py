@@ -155,7 +155,19 @@ def fit_power_law(budgets: Sequence[float], values: Sequence[float]) -> PowerLaw
         >>> round(law.exponent, 6)
         0.5
     """
+    bad = [v for v in values if not (math.isfinite(v) and v > 0)]
+    if bad:
+        raise FitError(
+            f"a power law of the optimum needs finite positive values, got {bad[0]!r} among "
+            f"{len(values)}: an isoflop parabola this flat has no usable minimum (add sizes or "
+            "budgets)."
+        )
     slope, intercept = np.polyfit(np.log(budgets), np.log(values), 1)
+    if not (math.isfinite(slope) and math.isfinite(intercept) and intercept < 700):
+        raise FitError(
+            f"a power law of the optimum is out of range (log k={intercept:.3g}, exponent "
+            f"{slope:.3g}): the minima {list(values)} are not a law (add sizes or budgets)."
+        )
     return PowerLaw(float(math.exp(intercept)), float(slope))
 
 

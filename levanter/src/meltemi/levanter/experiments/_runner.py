@@ -25,8 +25,8 @@ from typing import Any
 from meltemi import data as md
 from meltemi import fray
 from meltemi.levanter.checkpoint import CheckpointError
-from meltemi.levanter.config import ConfigError, ResolvedConfig, resolve
-from meltemi.levanter.trainer import build_parts, train
+from meltemi.levanter.config import ConfigError, ResolvedConfig, RunSpec, resolve
+from meltemi.levanter.trainer import Hook, build_parts, train
 
 RESULT = "result.json"
 _USER_ERRORS = (ConfigError, CheckpointError, md.StoreError)
@@ -53,8 +53,17 @@ def read_result(run_dir: pathlib.Path, digest: str) -> dict[str, Any] | None:
 class SweepWorker:
     """A fray actor that trains one run per call (in its own process under LocalCluster)."""
 
-    def run(self, config_json: str, digest: str) -> dict[str, Any]:
-        """Trains (or resumes) the run, writes its `result.json`, returns the record."""
+    def run(
+        self,
+        config_json: str,
+        digest: str,
+        hooks: Callable[[RunSpec], Sequence[Hook]] | None = None,
+    ) -> dict[str, Any]:
+        """Trains (or resumes) the run, writes its `result.json`, returns the record.
+
+        `hooks(spec)` -> more step-boundary hooks for the run's trainer (a module-level
+        function, pickled by reference), or None.
+        """
         resolved = ResolvedConfig.from_json(config_json)
         start, cpu = time.perf_counter(), time.process_time()
         spec = resolve(resolved)
@@ -66,7 +75,7 @@ class SweepWorker:
         with open(lock, "a+") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
             parts = build_parts(spec)
-        result = train(spec, parts)
+        result = train(spec, parts, hooks=hooks(spec) if hooks is not None else ())
         record = {
             "config_digest": digest,
             "step": result.step,
@@ -142,6 +151,7 @@ def run_all(
     parallel: int,
     on_done: Callable[[str, dict[str, Any]], None] | None = None,
     retries: int = 1,
+    hooks: Callable[[RunSpec], Sequence[Hook]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Runs `(name, config_json, digest)` jobs on `parallel` workers; returns records by name.
 
@@ -152,6 +162,7 @@ def run_all(
         parallel: workers (processes) at once.
         on_done: called with `(name, record)` as each run finishes.
         retries: extra attempts for a run whose worker died (the run resumes).
+        hooks: `hooks(spec)` -> more step-boundary hooks for each run (see `SweepWorker.run`).
 
     Raises:
         RuntimeError: a run failed (its error and which run), after the others finished.
@@ -184,7 +195,7 @@ def run_all(
                 break
             try:
                 handle = handle or spawn(rank)
-                record = handle.run.options(timeout=None)(config_json, digest)
+                record = handle.run.options(timeout=None)(config_json, digest, hooks)
             except (fray.ActorDied, fray.ConnectionLost, fray.ActorRestarted) as e:
                 handle = None
                 if attempt < retries:

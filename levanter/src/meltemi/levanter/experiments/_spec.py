@@ -9,7 +9,7 @@ from typing import Any
 
 import ml_collections
 
-from meltemi.levanter.config import ConfigError
+from meltemi.levanter.config import ConfigError, check_choice, check_int
 
 FAMILIES = ("dense", "moe")
 METRICS = ("loss", "bpb")
@@ -130,15 +130,11 @@ def _positive_numbers(key: str, value: Any, kind: type) -> tuple:
 
 
 def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise _err(key, value, f"must be one of {choices}.")
-    return value
+    return check_choice(f"sweep.{key}", value, choices, suggest=False, error=SweepConfigError)
 
 
 def _int_at_least(key: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise _err(key, value, f"must be an integer >= {low}.")
-    return value
+    return check_int(f"sweep.{key}", value, minimum=low, error=SweepConfigError)
 
 
 def sweep_spec(section: Mapping[str, Any] | ml_collections.ConfigDict) -> SweepSpec:

@@ -26,9 +26,7 @@ import meltemi.models as mm
 from meltemi.levanter.evaluation import EvalError, LoadedModel, load_model
 from meltemi.levanter.harness._tokens import HarnessTokenizer, tokenizer_json_of
 from meltemi.levanter.mesh import data_parallel_size
-from meltemi.levanter.trainer._plan import compute_context
-from meltemi.levanter.trainer._sharding import global_batch
-from meltemi.levanter.trainer._step import cast_floating
+from meltemi.levanter.runtime import cast_floating, compute_context, global_batch
 
 _MIN_WIDTH = 16
 

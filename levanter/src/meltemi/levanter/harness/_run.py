@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
 import math
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from meltemi.levanter.evaluation import EvalError
 
 #: The tasks shipped with the source tree (`levanter/harness_tasks`; absent from a wheel).
 TASKS_DIR = pathlib.Path(__file__).absolute().parents[4] / "harness_tasks"
@@ -59,10 +62,6 @@ def _indexed(paths: tuple[str, ...], *, defaults: bool) -> Any:
 
 def check_tasks(tasks: Sequence[str], manager: Any) -> None:
     """Raises `EvalError` for a task name lm-eval does not know, with the closest names."""
-    import difflib
-
-    from meltemi.levanter.evaluation import EvalError
-
     known = set(manager.all_tasks)
     for name in tasks:
         if name not in known:

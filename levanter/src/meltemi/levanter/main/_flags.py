@@ -5,6 +5,12 @@ to the directory the user ran the command from (not bazel's runfiles tree), the 
 with its `--config.section.key=value` overrides before absl parses the other flags, and a mistake
 in either is one `error: ...` line on stderr and exit status 2, never a traceback.
 
+Exit statuses (one table for every binary, `meltemi.levanter._exit`): 0 done; 1 a bug (a
+traceback) or, for isoflop, failed runs; 2 a mistake in the flags or the config, including an
+exception raised by the config file's own code (`error: file.py:LINE: ...`); 74 an I/O failure
+(a full disk, a run directory that cannot be written: `error: I/O failure ...`); 75 preempted
+(SIGTERM after saving) or fewer than `mesh.min_slices` slices: run the same command again.
+
 Example:
     >>> config_arg(["train", "--config=levanter/configs/default.py:smoke", "--dry_run"])
     'levanter/configs/default.py:smoke'
@@ -22,15 +28,38 @@ from typing import NoReturn
 
 from absl import app, flags
 
+from meltemi.levanter import _exit
 from meltemi.levanter.config import ConfigError, load_config, parse_override_args, resolve_path
 
-USAGE_EXIT_CODE = 2
+USAGE_EXIT_CODE = _exit.USAGE
+IO_ERROR_EXIT_CODE = _exit.IO_ERROR
+_HELP = ("--help", "-help", "-h", "-?", "--helpfull", "--helpshort")
 
 
 def fail(message: str) -> NoReturn:
     """Prints `error: message` to stderr and exits with status 2 (a usage or config mistake)."""
     print(f"error: {message}", file=sys.stderr)
     sys.exit(USAGE_EXIT_CODE)
+
+
+def report(error: Exception, run_dir: object = None) -> int | None:
+    """Prints a usage or I/O `error` as one `error: ...` line and returns its exit status.
+
+    Returns None for any other error (a bug): the caller re-raises it, so it keeps its
+    traceback. `run_dir` is named in an I/O failure's line.
+
+    Example:
+        >>> import errno
+        >>> report(OSError(errno.ENOSPC, "No space left on device"), run_dir="runs/a")
+        74
+        >>> report(KeyError("a bug")) is None
+        True
+    """
+    status = _exit.exit_status(error)
+    if status not in (USAGE_EXIT_CODE, IO_ERROR_EXIT_CODE):
+        return None
+    print(f"error: {_exit.error_line(error, run_dir)}", file=sys.stderr, flush=True)
+    return status
 
 
 def user_path(text: str) -> str:
@@ -104,7 +133,8 @@ def parse(
     """
     argv = _normalise(argv)
     spec = config_arg(argv)
-    if spec is None and example is not None:
+    wants_help = any(a.split("=")[0] in _HELP for a in argv[1:])
+    if spec is None and example is not None and not wants_help:  # --help: absl prints the doc
         fail(f"pass a config, e.g. --config={example}")
     if spec is not None:
         try:

@@ -1,4 +1,4 @@
-"""The evaluation binary: loss and bits per byte of a checkpoint on every evaluation set.
+r"""The evaluation binary: loss and bits per byte of a checkpoint on every evaluation set.
 
     ./bazelw run //levanter:eval -- --checkpoint=runs/default/checkpoints/step_400
     ./bazelw run //levanter:eval -- --checkpoint=runs/default \
@@ -9,8 +9,10 @@
 A run checkpoint is evaluated with its run's config (`<run_dir>/config.json`, or `--config`)
 on the config's evaluation sets, exactly as the trainer evaluates it; a Hugging Face directory
 on the `--config`'s sets (if given) and `--eval_files`. Prints a table and writes `eval.json`
-into the checkpoint directory (or `--output`). Exit status 2 with one `error:` line for a
-missing checkpoint, a bad `--eval_files` or a config error.
+into the checkpoint directory (or `--output`). Exit status: 0 done; 2 with one `error:` line
+for a missing checkpoint, a bad `--eval_files` or a config error (also an exception in the
+config file's code, named by file:line); 74 with one `error: I/O failure ...` line when a
+read or write fails (EX_IOERR); 1 for a bug (a traceback).
 """
 
 from __future__ import annotations
@@ -22,9 +24,6 @@ from absl import flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from meltemi import data as md
-from meltemi.levanter.checkpoint import CheckpointError
-from meltemi.levanter.config import ConfigError
 from meltemi.levanter.main import _flags
 from meltemi.levanter.main._flags import user_path
 
@@ -62,7 +61,7 @@ def _parse(argv: list[str]) -> list[str]:
 
 
 def main(argv: Sequence[str]) -> int:
-    """Runs the binary; a mistake is one `error:` line and status 2."""
+    """Runs the binary; returns its exit status (the module docstring's list)."""
     from meltemi.levanter.evaluation import evaluate_checkpoint, format_table
 
     FLAGS = flags.FLAGS  # noqa: N806
@@ -97,9 +96,11 @@ def main(argv: Sequence[str]) -> int:
             num_batches=FLAGS.num_batches,
             output=user_path(FLAGS.output) or None,
         )
-    except (ConfigError, CheckpointError, md.StoreError, md.SourceError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except Exception as e:  # a usage or I/O error is one line and its status; a bug raises
+        status = _flags.report(e)
+        if status is None:
+            raise
+        return status
     step = f" (step {data['step']})" if data.get("step") is not None else ""
     print(f"{data['checkpoint']}{step}: {data['kind']} checkpoint, {data['seq_len']}-token rows, "
           f"{data['num_batches']} x {data['batch_size']} rows per set")  # fmt: skip

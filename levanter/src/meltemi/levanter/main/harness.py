@@ -8,8 +8,9 @@
 The checkpoint is a run checkpoint, a run directory (its newest checkpoint) or a Hugging Face
 directory; tasks come from lm-eval, `levanter/harness_tasks` and `--include_path`, and their
 data must already be local (the Hub and `datasets` are kept offline). Prints lm-eval's table
-and writes `harness.json` into the checkpoint directory (or `--output`). Exit status 2 with
-one `error:` line for a missing checkpoint or an unknown task.
+and writes `harness.json` into the checkpoint directory (or `--output`). Exit status: 0 done;
+2 with one `error:` line for a missing checkpoint or an unknown task; 74 with one
+`error: I/O failure ...` line when a read or write fails (EX_IOERR); 1 for a bug.
 """
 
 from __future__ import annotations
@@ -21,9 +22,6 @@ from collections.abc import Sequence
 from absl import flags
 from absl import logging as absl_logging
 
-from meltemi import data as md
-from meltemi.levanter.checkpoint import CheckpointError
-from meltemi.levanter.config import ConfigError
 from meltemi.levanter.main import _flags
 from meltemi.levanter.main._flags import user_path
 
@@ -51,7 +49,7 @@ def _parse(argv: list[str]) -> list[str]:
 
 
 def main(argv: Sequence[str]) -> int:
-    """Runs the binary; a mistake is one `error:` line and status 2."""
+    """Runs the binary; returns its exit status (the module docstring's list)."""
     FLAGS = flags.FLAGS  # noqa: N806
     if len(argv) > 1:
         print(f"error: unexpected arguments {argv[1:]}; flags take --name=value.", file=sys.stderr)
@@ -85,21 +83,23 @@ def main(argv: Sequence[str]) -> int:
             num_fewshot=None if FLAGS.num_fewshot < 0 else FLAGS.num_fewshot,
             seed=FLAGS.seed,
         )
-    except (ConfigError, CheckpointError, md.StoreError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(format_results(results))
-    path = user_path(FLAGS.output) if FLAGS.output else str(lm.loaded.path / "harness.json")
-    data = {
-        "checkpoint": str(lm.loaded.path),
-        "tasks": list(FLAGS.tasks),
-        "metrics": harness_metrics(results),
-        "results": results["results"],
-        "n_samples": results.get("n-samples", {}),
-    }
-    with open(path, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True, default=str)
-        f.write("\n")
+        print(format_results(results))
+        path = user_path(FLAGS.output) if FLAGS.output else str(lm.loaded.path / "harness.json")
+        data = {
+            "checkpoint": str(lm.loaded.path),
+            "tasks": list(FLAGS.tasks),
+            "metrics": harness_metrics(results),
+            "results": results["results"],
+            "n_samples": results.get("n-samples", {}),
+        }
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True, default=str)
+            f.write("\n")
+    except Exception as e:  # a usage or I/O error is one line and its status; a bug raises
+        status = _flags.report(e)
+        if status is None:
+            raise
+        return status
     print(f"wrote {path}")
     return 0
 

@@ -1,35 +1,36 @@
-"""The trainer binary.
+r"""The trainer binary.
 
     ./bazelw run //levanter:train -- --config=levanter/configs/default.py
     ./bazelw run //levanter:train -- --config=levanter/configs/default.py:smoke \
         --config.trainer.seed=3 --print_config
     ./bazelw run //levanter:train -- --config=levanter/configs/marin_32b.py --dry_run
 
-Exit status: 0 when the run finished, 75 when SIGTERM stopped it after saving a checkpoint
-(run the same command again to resume), 2 for a config error.
+Exit status (one `error: ...` line on stderr for 2 and 74, never a traceback):
+
+    0   the run finished
+    2   a mistake in the flags or the config (also an exception in the config file's own
+        code, named by file:line) or a checkpoint that does not fit the config
+    74  an I/O failure: a full disk, a run directory that cannot be written (EX_IOERR); free
+        space or fix the directory, then run the same command again to resume
+    75  SIGTERM stopped the run after saving a checkpoint, or a multislice job fell below
+        mesh.min_slices (EX_TEMPFAIL): run the same command again to resume
+    1   a bug: a traceback
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Sequence
 
 from absl import flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from meltemi import data as md
-from meltemi.levanter.checkpoint import CheckpointError
 from meltemi.levanter.config import ConfigError, resolve, resolve_run_dir
 from meltemi.levanter.main import _flags
-from meltemi.levanter.trainer import (
-    PREEMPTED_EXIT_CODE,
-    Trainer,
-    display_path,
-    dry_run,
-    launch_multislice,
-)
+from meltemi.levanter.main._hooks import training_hooks
+from meltemi.levanter.multislice import launch_multislice
+from meltemi.levanter.trainer import PREEMPTED_EXIT_CODE, Trainer, display_path, dry_run
 
 _RESOLVED: dict = {}
 
@@ -76,7 +77,7 @@ def _parse(argv: list[str]) -> list[str]:
 
 
 def main(argv: Sequence[str]) -> int:
-    """Runs the binary; a config (or checkpoint) mistake is one `error:` line and status 2."""
+    """Runs the binary; returns its exit status (the module docstring's table)."""
     del argv
     FLAGS = flags.FLAGS  # noqa: N806
     if not FLAGS["verbosity"].present:
@@ -99,8 +100,9 @@ def main(argv: Sequence[str]) -> int:
             print(report.format())
             return 0
         if spec.mesh.num_slices > 1 and "MELTEMI_SLICE_INDEX" not in os.environ:
-            return launch_multislice(spec)
-        trainer = Trainer(spec)
+            # A slice's error: one line and its status too. Each slice builds its own hooks.
+            return launch_multislice(spec, hooks=training_hooks)
+        trainer = Trainer(spec, hooks=training_hooks(spec))
         result = trainer.run()
         if FLAGS.export_hf and not result.preempted:
             directory = resolve_run_dir("", FLAGS.export_hf)  # relative to the user's cwd
@@ -110,11 +112,21 @@ def main(argv: Sequence[str]) -> int:
             directory = resolve_run_dir("", FLAGS.export_peft)
             trainer.export_peft(directory)
             result.summary += f"\n  PEFT adapter export: {display_path(directory)}"
-    except (ConfigError, CheckpointError, md.StoreError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except Exception as e:  # a usage or I/O error is one line and its status; a bug raises
+        status = _flags.report(e, run_dir=_run_dir(resolved))
+        if status is None:
+            raise
+        return status
     print(result.summary, flush=True)
     return PREEMPTED_EXIT_CODE if result.preempted else 0
+
+
+def _run_dir(resolved) -> object:
+    """The run directory an I/O failure is reported under (None if it does not resolve)."""
+    try:
+        return resolve_run_dir(resolved.config.name, resolved.config.run_dir)
+    except ConfigError:
+        return None
 
 
 def run() -> None:

@@ -1,10 +1,17 @@
-"""meltemi.levanter.multislice: the status of an elastic multislice job (no JAX needed).
+"""meltemi.levanter.multislice: elastic multislice jobs, and the status file they keep.
 
-The launcher (`meltemi.levanter.trainer.launch_multislice`) rewrites `run_dir/status.json`
-whenever the job or a slice changes; `read_status` / `format_status` read and print it
-(`bazel run //levanter:status -- --run_dir=DIR`).
+`launch_multislice` keeps a gang of slice processes (`SliceWorker` fray actors, one per
+slice) training with the ordinary trainer; it rewrites `run_dir/status.json` whenever the job
+or a slice changes, and `read_status` / `format_status` read and print it
+(`bazel run //levanter:status -- --run_dir=DIR`). This floor sits above the trainer.
 """
 
+from meltemi.levanter.multislice._launch import devices_per_slice, launch_multislice
+from meltemi.levanter.multislice._slice_worker import (
+    RESIZE_SIGNAL,
+    SliceWorker,
+    write_compile_cache_from_every_rank,
+)
 from meltemi.levanter.multislice._status import (
     JOB_STATES,
     SLICE_STATES,
@@ -16,9 +23,14 @@ from meltemi.levanter.multislice._status import (
 
 __all__ = [
     "JOB_STATES",
+    "RESIZE_SIGNAL",
     "SLICE_STATES",
     "JobStatus",
     "SliceStatus",
+    "SliceWorker",
+    "devices_per_slice",
     "format_status",
+    "launch_multislice",
     "read_status",
+    "write_compile_cache_from_every_rank",
 ]

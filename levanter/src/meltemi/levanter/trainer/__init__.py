@@ -2,7 +2,13 @@
 
 `plan(spec, devices)` lays a checked config (`meltemi.levanter.config.resolve`) out on
 devices; `Trainer` runs it with data and checkpoints, `dry_run` compiles it and reports the
-memory it needs.
+memory it needs. The loop is components: a `StepTimer`, a `MetricsSink` and step-boundary
+`Hook`s (`EvalHook`, the hooks given to `Trainer(hooks=...)`, then `CheckpointHook`), each
+deciding with `due(step, stopping)` when it runs.
+
+The floors below it (`meltemi.levanter.runtime`, `meltemi.levanter.evaluation`) hold what
+it shares with `//levanter:eval` and the harness; the floors above it
+(`meltemi.levanter.harness`, `multislice`, `experiments`, `main`) use it, never the reverse.
 
 Example:
     >>> import jax.numpy as jnp, optax
@@ -20,40 +26,49 @@ from meltemi.levanter.config import (
     mixture_plan,
     resolve_run_dir,
 )
+from meltemi.levanter.evaluation import EvalSet
+from meltemi.levanter.runtime import (
+    DTYPES,
+    batch_sharding,
+    cast_floating,
+    compute_context,
+    display_path,
+    global_batch,
+    make_loss_fns,
+    mesh_of,
+    tree_shardings,
+    with_shardings,
+)
 from meltemi.levanter.trainer._build import build_parts
 from meltemi.levanter.trainer._data import fraction_metrics, make_mixture
 from meltemi.levanter.trainer._dry_run import DryRunReport, dry_run, dry_run_plan
 from meltemi.levanter.trainer._eval import Evaluator
-from meltemi.levanter.trainer._multislice import SliceWorker, launch_multislice
-from meltemi.levanter.trainer._parts import BatchSource, EvalSet, RunParts
+from meltemi.levanter.trainer._hooks import CheckpointHook, EvalHook, Hook, StepEnd
+from meltemi.levanter.trainer._loop import MetricsSink, StepTimer
+from meltemi.levanter.trainer._parts import BatchSource, RunParts
 from meltemi.levanter.trainer._plan import (
     Plan,
     StepParts,
     batch_fields,
-    compute_context,
-    make_loss_fns,
-    mesh_of,
+    fields_of,
     model_parts,
     plan,
+    shard_bytes,
 )
-from meltemi.levanter.trainer._preemption import PREEMPTED_EXIT_CODE, install_sigterm_handler
-from meltemi.levanter.trainer._sharding import (
-    batch_sharding,
-    global_batch,
-    tree_shardings,
-    with_shardings,
+from meltemi.levanter.trainer._preemption import (
+    PREEMPTED_EXIT_CODE,
+    Preemption,
+    install_sigterm_handler,
 )
 from meltemi.levanter.trainer._step import (
-    DTYPES,
     TrainState,
-    cast_floating,
     init_state,
     loss_and_grads,
     make_train_step,
     split_microbatches,
     token_weight,
 )
-from meltemi.levanter.trainer._summary import RunResult, display_path
+from meltemi.levanter.trainer._summary import RunResult
 from meltemi.levanter.trainer._trainer import (
     Trainer,
     check_resumed_rows,
@@ -69,16 +84,22 @@ __all__ = [
     "BatchSizes",
     "BatchSource",
     "BuildError",
+    "CheckpointHook",
     "DryRunReport",
+    "EvalHook",
     "EvalSet",
     "Evaluator",
+    "Hook",
+    "MetricsSink",
     "MixtureConfigError",
     "MixturePlan",
     "Plan",
+    "Preemption",
     "RunParts",
     "RunResult",
-    "SliceWorker",
+    "StepEnd",
     "StepParts",
+    "StepTimer",
     "TrainState",
     "Trainer",
     "batch_fields",
@@ -90,11 +111,11 @@ __all__ = [
     "display_path",
     "dry_run",
     "dry_run_plan",
+    "fields_of",
     "fraction_metrics",
     "global_batch",
     "init_state",
     "install_sigterm_handler",
-    "launch_multislice",
     "loss_and_grads",
     "make_loss_fns",
     "make_mixture",
@@ -106,6 +127,7 @@ __all__ = [
     "model_parts",
     "plan",
     "resolve_run_dir",
+    "shard_bytes",
     "split_microbatches",
     "token_weight",
     "train",

@@ -4,48 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import pathlib
 from collections.abc import Callable, Mapping
 
-import jax
 import numpy as np
-from jax.experimental import multihost_utils
 
 from meltemi import data as md
 from meltemi.levanter.config import ConfigError, MixtureConfigError, MixturePlan, RunSpec
-from meltemi.levanter.trainer._eval import fixed_eval_set
-from meltemi.levanter.trainer._parts import EvalSet
-from meltemi.levanter.trainer._summary import display_path
-
-
-def skipped_line(store: md.TokenStore, cwd: str | None = None) -> str | None:
-    """`TokenStore.skipped_summary()` with its paths shown relative to the working directory.
-
-    Example: `data: cache/train skipped 3 inputs (empty_document 3); 120 documents kept;
-    details in cache/train/meta.json`. None when the build skipped and altered nothing.
-    """
-    line = store.skipped_summary()
-    if line is None:
-        return None
-    line = line.replace(str(store.path), display_path(pathlib.Path(store.path), cwd))
-    # The example input file too (`e.g. /abs/corpus.jsonl:31: ...`).
-    cwd = cwd or os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()
-    return line.replace(os.path.join(cwd, ""), "")
-
-
-def _store(path: pathlib.Path, source: md.Source, tokenizer: md.Tokenizer) -> md.TokenStore:
-    built = False
-    if jax.process_index() == 0:
-        built = not (path / "meta.json").exists()  # else the cached store is reopened
-        md.build_store([source], tokenizer, path)
-    if jax.process_count() > 1:
-        multihost_utils.sync_global_devices(f"meltemi store {path}")
-    store = md.TokenStore.open(path, tokenizer)
-    line = skipped_line(store) if built else None
-    if line is not None:  # only when this run built it: a reused store was reported then
-        print(line, flush=True)
-    return store
+from meltemi.levanter.evaluation import (
+    EvalSet,
+    config_stores,
+    fixed_eval_set,
+    open_store,
+    source_store,
+)
 
 
 def packed(spec: RunSpec, store: md.TokenStore, key: str = "data.packing") -> md.PackedDataset:
@@ -70,20 +41,12 @@ def padding_line(name: str, dataset: md.PackedDataset) -> str:
     )
 
 
-def source_store(
-    spec: RunSpec, key: str, source: md.Source, tokenizer: md.Tokenizer
-) -> md.TokenStore:
-    """A store of one source, cached by the tokenizer and the source's fingerprint."""
-    try:
-        digest = hashlib.sha256(source.fingerprint().encode()).hexdigest()[:12]
-    except md.SourceError as e:
-        raise MixtureConfigError(f"{key}: {e}") from None
-    path = spec.data.cache_dir / f"source-{source.name}-{tokenizer.fingerprint()[:12]}-{digest}"
-    return _store(path, source, tokenizer)
-
-
 def build_stores(spec: RunSpec) -> tuple[md.TokenStore, dict[str, md.TokenStore]]:
-    """The train store and one store per validation set (built once, then reopened)."""
+    """The train store and one store per validation set (built once, then reopened).
+
+    The validation stores are `meltemi.levanter.evaluation.config_stores`: keyed by their own
+    source, as `//levanter:eval` keys them, so evaluating a checkpoint reuses them.
+    """
     data, tokenizer = spec.data, spec.tokenizer
     validation = dict(data.validation)
     try:
@@ -98,9 +61,7 @@ def build_stores(spec: RunSpec) -> tuple[md.TokenStore, dict[str, md.TokenStore]
             raise ConfigError(f"data.validation_files ({name!r}): {e}") from None
     key = hashlib.sha256(json.dumps([train_print, prints]).encode()).hexdigest()[:12]
     root = data.cache_dir / f"{data.source}-{tokenizer.fingerprint()[:12]}-{key}"
-    stores = {name: _store(root / f"validation-{name}", src, tokenizer)
-              for name, src in validation.items()}  # fmt: skip
-    return _store(root / "train", data.train, tokenizer), stores
+    return open_store(root / "train", data.train, tokenizer), config_stores(spec)
 
 
 def make_mixture(
@@ -125,17 +86,13 @@ def build_mixture(spec: RunSpec) -> tuple[md.MixtureDataset, dict[str, md.TokenS
     so is each `data.validation_files` entry (by its file name).
     """
     data, tokenizer, plan = spec.data, spec.tokenizer, spec.data.mixture
-    datasets, val_stores = {}, {}
+    datasets = {}
     for c in plan.components:
         store = source_store(spec, f"data.components.{c.name}.source", c.source, tokenizer)
         datasets[c.name] = packed(spec, store, f"data.components.{c.name}")
         if data.packing != "stream":
             print(padding_line(c.name, datasets[c.name]), flush=True)
-        if c.validation is not None:
-            key = f"data.components.{c.name}.validation"
-            val_stores[c.name] = source_store(spec, key, c.validation, tokenizer)
-    for name, source in data.validation:
-        val_stores[name] = source_store(spec, "data.validation_files", source, tokenizer)
+    val_stores = config_stores(spec)  # the stores `//levanter:eval` reopens
     segments = spec.trainer.batch_sizes.segments
     try:
         mixture = make_mixture(plan, datasets, segments, data.shuffle_seed)

@@ -11,8 +11,9 @@ import jax.numpy as jnp
 
 import meltemi.models as mm
 from meltemi.levanter.config import ConfigError, RunSpec
+from meltemi.levanter.runtime import compute_context
 from meltemi.levanter.trainer._lora import lora_model, merged
-from meltemi.levanter.trainer._plan import Plan, compute_context
+from meltemi.levanter.trainer._plan import Plan
 from meltemi.levanter.trainer._step import TrainState
 
 

@@ -6,10 +6,9 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-import jax
 import numpy as np
-import optax
 
+from meltemi.levanter.evaluation import EvalSet
 from meltemi.levanter.trainer._plan import StepParts, fields_of
 
 
@@ -22,62 +21,46 @@ class BatchSource(Protocol):
 
 
 @dataclasses.dataclass
-class EvalSet:
-    """A validation set: fixed batches, and how many UTF-8 bytes their loss tokens encode.
-
-    Attributes:
-        name: the tag in metric names (`eval/<name>/loss`, `eval/<name>/bpb`).
-        batches: host batches (global rows), evaluated in order.
-        num_bytes: UTF-8 bytes of the target tokens, for bits per byte.
-    """
-
-    name: str
-    batches: list[Mapping[str, np.ndarray]]
-    num_bytes: int
-
-
-@dataclasses.dataclass
 class RunParts:
-    """The model, loss, optimizer and data of a run.
+    """The step of a run (`StepParts`) and what it reads and reports: data and evaluation.
+
+    `build_parts(spec)` is `model_parts(spec)` (what the dry run compiles) plus the data, so
+    the trainer and the dry run build the step by one path.
 
     Attributes:
-        init_model: `init_model(key)` -> the model (an equinox module).
-        loss_fn: `loss_fn(model, batch)` -> mean training loss (z-loss included).
-        eval_loss_fn: `eval_loss_fn(model, batch)` -> (sum of per-token NLL, loss tokens).
-        optimizer: the optax transform (chain with clipping, skip-step, EMA...).
-        metrics_fn: optimizer state -> logged scalars.
+        step: the model, its loss, the optimizer, its metrics and a row's arrays; with
+            `step.batch_fields=None` they are read from row 0 of `train_data`.
         train_data: rows by global sequence index.
-        eval_sets: validation sets.
         seq_len: tokens per row.
+        eval_loss_fn: `eval_loss_fn(model, batch)` -> (sum of per-token NLL, loss tokens).
+        eval_sets: validation sets.
         describe: one line naming the model, for logs and the summary.
         flops_per_token: analytic model FLOPs per trained token (6N + attention), if known.
         warm_start: `warm_start(params, init_from)` -> (params, report lines), if supported.
         data_metrics: `data_metrics(rows)` -> scalars logged with the step that trained the
             global rows `rows` (e.g. a mixture's `data/<component>/fraction`), if any.
-        batch_fields: the shape (without the batch dimension) and dtype of each array of a
-            row; default: read from row 0 of `train_data`.
     """
 
-    init_model: Callable[[Any], Any]
-    loss_fn: Callable[[Any, Mapping[str, Any]], Any]
-    eval_loss_fn: Callable[[Any, Mapping[str, Any]], tuple[Any, Any]]
-    optimizer: optax.GradientTransformation
+    step: StepParts
     train_data: BatchSource
     seq_len: int
-    metrics_fn: Callable[[Any], Mapping[str, Any]] | None = None
+    eval_loss_fn: Callable[[Any, Mapping[str, Any]], tuple[Any, Any]]
     eval_sets: list[EvalSet] = dataclasses.field(default_factory=list)
     describe: str = ""
     flops_per_token: float | None = None
     warm_start: Callable[[Any, str], tuple[Any, list[str]]] | None = None
     data_metrics: Callable[[np.ndarray], Mapping[str, float]] | None = None
-    batch_fields: Mapping[str, jax.ShapeDtypeStruct] | None = None
 
-    def step_parts(self) -> StepParts:
-        """The parts the step is made of (what `plan` needs)."""
-        fields = self.batch_fields
+    def checked_step(self) -> StepParts:
+        """`step` with its batch fields checked against (or read from) the data's row 0.
+
+        Raises:
+            RuntimeError: the declared fields differ from what the data gives (a bug).
+        """
         example = fields_of(self.train_data.sequences(np.arange(1)))
+        fields = self.step.batch_fields
         if fields is None:
-            fields = example
-        elif dict(fields) != example:  # the declared rows must be what the data gives
+            return dataclasses.replace(self.step, batch_fields=example)
+        if dict(fields) != example:  # the declared rows must be what the data gives
             raise RuntimeError(f"batch fields {dict(fields)} differ from the data's {example}")
-        return StepParts(self.init_model, self.loss_fn, self.optimizer, self.metrics_fn, fields)
+        return self.step

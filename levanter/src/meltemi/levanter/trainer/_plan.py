@@ -7,7 +7,6 @@ memory report.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import time
@@ -20,20 +19,21 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-import meltemi.haliax as hax
 import meltemi.models as mm
 from meltemi.levanter import optim
 from meltemi.levanter.config import BatchSizes, ConfigError, RunSpec, optimizer_error
-from meltemi.levanter.mesh import (
-    COMPUTE_RULES,
-    PARAMETER_RULES,
-    MeshConfigError,
-    data_parallel_size,
-    make_mesh,
+from meltemi.levanter.mesh import PARAMETER_RULES, data_parallel_size
+from meltemi.levanter.runtime import (
+    DTYPES,
+    batch_sharding,
+    compute_context,
+    make_loss_fns,
+    mesh_of,
+    tree_shardings,
+    with_shardings,
 )
 from meltemi.levanter.trainer._lora import lora_init, lora_loss, lora_optimizer
-from meltemi.levanter.trainer._sharding import batch_sharding, tree_shardings, with_shardings
-from meltemi.levanter.trainer._step import DTYPES, TrainState, init_state, make_train_step
+from meltemi.levanter.trainer._step import TrainState, init_state, make_train_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,14 +45,15 @@ class StepParts:
         loss_fn: `loss_fn(model, batch)` -> mean training loss (z-loss included).
         optimizer: the optax transform.
         metrics_fn: optimizer state -> logged scalars.
-        batch_fields: the shape (without the batch dimension) and dtype of each batch array.
+        batch_fields: the shape (without the batch dimension) and dtype of each batch array
+            (`plan` needs them; in `RunParts`, None reads them from the data's row 0).
     """
 
     init_model: Callable[[Any], Any]
     loss_fn: Callable[[Any, Mapping[str, Any]], Any]
     optimizer: optax.GradientTransformation
-    metrics_fn: Callable[[Any], Mapping[str, Any]] | None
-    batch_fields: Mapping[str, jax.ShapeDtypeStruct]
+    metrics_fn: Callable[[Any], Mapping[str, Any]] | None = None
+    batch_fields: Mapping[str, jax.ShapeDtypeStruct] | None = None
 
 
 def batch_fields(spec: RunSpec) -> dict[str, jax.ShapeDtypeStruct]:
@@ -84,28 +85,6 @@ def fields_of(rows: Mapping[str, np.ndarray]) -> dict[str, jax.ShapeDtypeStruct]
     }
 
 
-def _batch_args(batch: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "loss_mask": batch["loss_mask"],
-        "segment_ids": batch.get("segment_ids"),
-        "positions": batch.get("positions"),
-    }
-
-
-def make_loss_fns(z_loss: float):
-    """(train loss with z-loss, eval (sum of NLL, loss tokens)) for a `meltemi.models` LM."""
-
-    def loss_fn(model, batch):
-        return model.loss(batch["tokens"], batch["targets"], z_loss=z_loss, **_batch_args(batch))
-
-    def eval_loss_fn(model, batch):
-        _, metrics = model.loss_and_metrics(batch["tokens"], batch["targets"], **_batch_args(batch))
-        count = batch["loss_mask"].sum()
-        return metrics["cross_entropy"] * count, count
-
-    return loss_fn, eval_loss_fn
-
-
 def build_optimizer(spec: RunSpec) -> optax.GradientTransformation:
     """The optimizer chain of `spec.optimizer` (checked by `resolve` already)."""
     try:
@@ -116,38 +95,20 @@ def build_optimizer(spec: RunSpec) -> optax.GradientTransformation:
 
 
 def model_parts(spec: RunSpec) -> StepParts:
-    """The step of `spec`'s model (`meltemi.models`), loss, optimizer and packed rows."""
+    """The step of `spec`'s model (`meltemi.models`), loss, optimizer and packed rows.
+
+    `plan(spec)` (the dry run) and `build_parts(spec)` (the trainer) both build the step here.
+    """
     config = spec.model
+    optimizer = build_optimizer(spec)  # its errors first
     loss_fn, _ = make_loss_fns(spec.trainer.z_loss)
     return StepParts(
         init_model=lora_init(spec, lambda key: mm.Transformer.init(config, key=key)),
         loss_fn=lora_loss(spec, loss_fn),
-        optimizer=build_optimizer(spec),
+        optimizer=optimizer,
         metrics_fn=optim.metrics,
         batch_fields=batch_fields(spec),
     )
-
-
-def compute_context(mesh: jax.sharding.Mesh) -> contextlib.ExitStack:
-    """The mesh and logical-axis mapping model code sees while the step is traced."""
-    stack = contextlib.ExitStack()
-    stack.enter_context(jax.set_mesh(mesh))
-    stack.enter_context(hax.axis_mapping(COMPUTE_RULES, uneven="replicate"))
-    return stack
-
-
-def mesh_of(spec: RunSpec, devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
-    """The mesh of `spec.mesh` on `devices` (default: every device); errors are ConfigErrors."""
-    try:
-        return make_mesh(
-            spec.mesh.ici_sizes,
-            spec.mesh.dcn_sizes,
-            num_slices=spec.mesh.num_slices,
-            devices=devices,
-        )
-    except MeshConfigError as e:
-        count = len(devices) if devices is not None else jax.device_count()
-        raise ConfigError(f"{e} ({count} devices)") from None
 
 
 def _check_batches(spec: RunSpec, mesh: jax.sharding.Mesh) -> None:
@@ -270,6 +231,8 @@ def plan(
     mesh = mesh if mesh is not None else mesh_of(spec, devices)
     _check_batches(spec, mesh)
     parts = parts if parts is not None else model_parts(spec)
+    if parts.batch_fields is None:
+        raise ValueError("plan: parts.batch_fields is None; pass RunParts.checked_step()")
     key = jax.random.key(spec.trainer.seed)
     abstract_model = eqx.filter_eval_shape(parts.init_model, key)
     is_abstract = lambda x: isinstance(x, jax.ShapeDtypeStruct)  # noqa: E731

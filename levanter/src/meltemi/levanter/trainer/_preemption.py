@@ -9,8 +9,11 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-#: Exit status of a run stopped by SIGTERM after saving its checkpoint: "try again later".
-PREEMPTED_EXIT_CODE = 75
+from meltemi.levanter import _exit
+
+#: Exit status of a run stopped by SIGTERM after saving its checkpoint: "try again later"
+#: (the table of every status: `meltemi.levanter._exit`).
+PREEMPTED_EXIT_CODE = _exit.PREEMPTED
 
 # Set by SIGTERM. A process whose training runs outside the main thread (a fray actor)
 # installs the handler from its main thread with `install_sigterm_handler()`.

@@ -15,11 +15,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from meltemi.levanter.runtime import cast_floating
+
 Batch = Mapping[str, jax.Array]
 # loss_fn(model, batch) -> mean loss over the batch's loss tokens (a scalar).
 LossFn = Callable[[Any, Batch], jax.Array]
-
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
 class TrainState(eqx.Module):
@@ -46,17 +46,6 @@ def init_state(params: Any, optimizer: optax.GradientTransformation) -> TrainSta
         0
     """
     return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
-
-
-def cast_floating(tree: Any, dtype: Any) -> Any:
-    """Casts the floating arrays of a pytree to `dtype` (integers are left alone)."""
-
-    def cast(x):
-        if eqx.is_array(x) and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype:
-            return x.astype(dtype)
-        return x
-
-    return jax.tree.map(cast, tree)
 
 
 def token_weight(batch: Batch) -> jax.Array:

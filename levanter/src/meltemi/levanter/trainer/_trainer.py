@@ -6,7 +6,7 @@ import contextlib
 import logging
 import pathlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from meltemi.data import Prefetcher
-from meltemi.levanter.checkpoint import Checkpointer, RetentionPolicy, step_dir
+from meltemi.levanter import _exit
+from meltemi.levanter.checkpoint import Checkpointer, RetentionPolicy
 from meltemi.levanter.config import (
     BatchSizes,
     ConfigError,
@@ -23,32 +24,22 @@ from meltemi.levanter.config import (
     as_spec,
     flatten,
 )
-from meltemi.levanter.tracking import (
-    MetricsWriter,
-    ProgressBar,
-    TensorBoardWriter,
-    open_wandb,
-    plot_loss_curve,
-)
+from meltemi.levanter.runtime import compute_context, display_path, global_batch, mesh_of
+from meltemi.levanter.tracking import plot_loss_curve
 from meltemi.levanter.trainer._build import build_parts
-from meltemi.levanter.trainer._eval import (
-    Evaluator,
-    HarnessHook,
-    eval_line,
-    eval_record,
-    harness_line,
-)
-from meltemi.levanter.trainer._fingerprint import batch_fingerprint, fingerprint_value
+from meltemi.levanter.trainer._eval import Evaluator
+from meltemi.levanter.trainer._fingerprint import batch_fingerprint
 from meltemi.levanter.trainer._hf import export_hf, init_from_hf
+from meltemi.levanter.trainer._hooks import CheckpointHook, EvalHook, Hook, StepEnd, hf_export_dir
+from meltemi.levanter.trainer._loop import MetricsSink, StepTimer
 from meltemi.levanter.trainer._lora import export_peft
 from meltemi.levanter.trainer._parts import RunParts
-from meltemi.levanter.trainer._plan import Plan, compute_context, mesh_of, plan
+from meltemi.levanter.trainer._plan import Plan, plan
 from meltemi.levanter.trainer._preemption import Preemption
 from meltemi.levanter.trainer._profile import StepProfiler
 from meltemi.levanter.trainer._run_files import RunFiles
-from meltemi.levanter.trainer._sharding import global_batch
 from meltemi.levanter.trainer._step import TrainState
-from meltemi.levanter.trainer._summary import RunResult, display_path, summary
+from meltemi.levanter.trainer._summary import RunResult, summary
 
 logger = logging.getLogger(__name__)
 
@@ -140,12 +131,16 @@ def check_resumed_rows(saved_trainer: Mapping[str, Any], sizes: BatchSizes, step
 class Trainer:
     """One run: owns the plan (mesh, shardings, step), state, checkpointer and loggers.
 
-    Most users call `train(spec)`; tests and the benchmark use the pieces.
+    Most users call `train(spec)`; tests and the benchmark use the pieces. The loop is
+    components: a `StepTimer`, a `MetricsSink` and step-boundary hooks (evaluation, the
+    `hooks` given here or with `add_hook`, then the checkpoint), see `meltemi.levanter.trainer`.
 
     Args:
         spec: the checked config (a `ResolvedConfig` is resolved first).
         parts: model/loss/optimizer/data; default: `build_parts(spec)`.
         mesh: default: `spec.mesh` on every device.
+        hooks: more step-boundary hooks (`Hook`), run after evaluation and before the
+            checkpoint, in this order.
     """
 
     def __init__(
@@ -153,11 +148,13 @@ class Trainer:
         spec: RunSpec | ResolvedConfig,
         parts: RunParts | None = None,
         mesh: jax.sharding.Mesh | None = None,
+        *,
+        hooks: Sequence[Hook] = (),
     ):
         self.spec = spec = as_spec(spec)
         self.parts = parts = parts if parts is not None else build_parts(spec)
         self.plan: Plan = plan(spec, mesh=mesh if mesh is not None else mesh_of(spec),
-                               parts=parts.step_parts())  # fmt: skip
+                               parts=parts.checked_step())  # fmt: skip
         self.mesh = self.plan.mesh
         self.run_dir = spec.run_dir
         # Metrics, events, profile and plot: the run dir, or a local copy of a gs:// one.
@@ -168,8 +165,29 @@ class Trainer:
         self.compile_s = 0.0
         self.flops_per_step: dict[int, float | None] = {}
         self.evaluate = Evaluator(self.plan, parts.eval_loss_fn, parts.eval_sets)
-        self.harness = HarnessHook(spec, self.plan)  # eval.harness_tasks (lm-eval)
+        self.hooks: list[Hook] = []
+        for hook in hooks:
+            self.add_hook(hook)
+        if spec.eval.harness_tasks and not self.hooks:
+            logger.warning(
+                "eval.harness_tasks=%r: the trainer runs them only as a hook; pass "
+                "hooks=meltemi.levanter.main._hooks.training_hooks(spec) (the binaries do).",
+                spec.eval.harness_tasks,
+            )
         self.state: TrainState | None = None
+
+    def add_hook(self, hook: Hook) -> None:
+        """Adds a step-boundary hook (after evaluation, before the checkpoint; in order).
+
+        Raises:
+            TypeError: `hook` has no `due(step, stopping)` or is not callable.
+        """
+        if not isinstance(hook, Hook):
+            raise TypeError(
+                f"add_hook({hook!r}): a hook needs due(step, stopping) -> bool and "
+                f"__call__(end) -> metrics | None (meltemi.levanter.trainer.Hook)."
+            )
+        self.hooks.append(hook)
 
     # -- set-up -------------------------------------------------------------------------------
 
@@ -227,12 +245,28 @@ class Trainer:
         state, start = self._restore_or_init(ckpt)
         result = RunResult(self.run_dir, start_step=start, step=start)
         end = num_steps if stop_after is None else min(num_steps, start + stop_after)
+        # Step-boundary hooks, in order: evaluation, the caller's, the checkpoint.
+        evaluation = EvalHook(self.evaluate, self.spec.eval.every_steps, num_steps)
+        saving = None
+        if ckpt is not None:
+            saving = CheckpointHook(
+                ckpt,
+                num_steps,
+                self.spec.to_json(),
+                export_hf=self._export_step if self.spec.checkpoint.export_hf else None,
+                push=self.files.push if self.primary else None,
+            )
+        hooks = [evaluation, *self.hooks, *([saving] if saving else [])]
         with contextlib.ExitStack() as cleanup:
             if self.primary:  # registered first, so it runs last: after the writers close
                 cleanup.callback(self.files.push)
-            state_step = self._loop(state, start, end, ckpt, result, cleanup, on_step)
+            state_step = self._loop(state, start, end, hooks, result, cleanup, on_step)
         result.step = state_step
         result.compile_s = self.compile_s
+        result.eval = evaluation.last
+        if saving is not None:
+            result.checkpoint_saved = saving.saved_at == state_step
+            result.checkpoint_blocking_s = saving.blocking_s
         if result.throughput:
             tokens, seconds = (sum(x) for x in zip(*result.throughput, strict=True))
             result.tokens_per_s = tokens / seconds
@@ -246,87 +280,33 @@ class Trainer:
         result.summary = summary(self.spec, result)
         return result
 
-    def _loggers(self, start: int, cleanup: contextlib.ExitStack) -> list[Callable[[dict], None]]:
-        """The writers every step record goes to (process 0 only)."""
-        if not self.primary:
-            return []
+    def _loop(self, state, start, end, hooks, result, cleanup, on_step) -> int:
+        """Steps `start` to `end`. Each step: run it, write the previous step's record (one
+        step behind, so the host never waits for the device), ask every hook `due`, wait for
+        the step if one is, run the due hooks (a pause), stop if preempted."""
         spec = self.spec
-        local = self.files.local
-        writer = MetricsWriter(local / "metrics.jsonl", resume_step=start)
-        cleanup.callback(writer.close)
-        out = [writer.write]
-        if spec.logging.tensorboard:
-            tb = TensorBoardWriter(local / "tensorboard")
-            cleanup.callback(tb.close)
-            out.append(lambda record: tb.write(record["step"], record))
-        if spec.logging.wandb:
-            run = open_wandb(
-                local,
-                project=spec.logging.wandb_project,
-                name=spec.name,
-                mode=spec.logging.wandb_mode,
-                config=spec.resolved.config.to_dict(),
-            )
-            cleanup.callback(run.finish)
-            out.append(lambda record: run.log(record, step=record["step"]))
-        return out
-
-    def _loop(self, state, start, end, ckpt, result, cleanup, on_step) -> int:
-        spec = self.spec
-        num_steps = spec.trainer.num_train_steps
-        every = spec.eval.every_steps
-        loggers = self._loggers(start, cleanup)
-        if ckpt:
-            cleanup.callback(ckpt.close)
-        bar = ProgressBar(num_steps, start, enabled=spec.trainer.progress_bar and self.primary)
-        cleanup.callback(bar.close)
-        if start:
-            bar.write(f"resumed from {step_dir(self.run_dir / 'checkpoints', start)}")
-        peak = spec.trainer.peak_flops_per_device or measure_peak_flops()
-        num_devices = self.mesh.size
+        sink = MetricsSink(
+            spec,
+            self.files.local,
+            self.primary,
+            start,
+            result,
+            cleanup,
+            seq_len=self.parts.seq_len,
+            model_flops=self._model_flops,
+            peak_flops=lambda: self._peak_flops_per_device() * self.mesh.size,
+            on_step=on_step,
+        )
+        for hook in hooks:  # a hook with close() (the checkpointer's) is closed at the end
+            if callable(getattr(hook, "close", None)):
+                cleanup.callback(hook.close)
         if start < end:
             self.compiled_step(self.batch_sizes.size_at(start))
         profiler = StepProfiler(spec.trainer.profile, self.files.local)
         cleanup.callback(profiler.stop)
-        pending: dict | None = None
-        last_fetch = time.perf_counter()
-        paused = 0.0
+        timer = StepTimer()
+        pending: dict | None = None  # the record of the step in flight, written a step later
         state_step = start
-
-        def mark_ready(record: dict) -> None:
-            # Step time = between two observed completions, minus the pauses (eval,
-            # checkpoint, compile) in between; completions are observed in step order.
-            nonlocal last_fetch, paused
-            jax.block_until_ready(record["_device"])
-            now = time.perf_counter()
-            record["_elapsed"] = max(now - last_fetch - paused, 1e-9)
-            last_fetch, paused = now, 0.0
-
-        def flush(record: dict) -> None:
-            if "_elapsed" not in record:
-                mark_ready(record)
-            elapsed = record.pop("_elapsed")
-            metrics = {k: float(v) for k, v in jax.device_get(record.pop("_device")).items()}
-            tokens = record["batch_size"] * self.parts.seq_len
-            tps = tokens / elapsed
-            if record["step"] > start + 1:
-                result.throughput.append((tokens, elapsed))
-            flops = self._model_flops(record["batch_size"], tokens)
-            mfu = flops / elapsed / (peak * num_devices) if flops else None
-            record.update(metrics)
-            record["throughput/tokens_per_second"] = tps
-            # Elastic multislice: the rows of a step and the slice count it ran on.
-            record["data/batch_hash"] = fingerprint_value(record.pop("_batch_hash"))
-            record["mesh/num_slices"] = spec.mesh.num_slices
-            if mfu is not None:
-                record["throughput/mfu"] = mfu
-            result.losses[record["step"]] = metrics["train/loss"]
-            for log in loggers:
-                log(record)
-            bar.update(record["step"], loss=metrics["train/loss"], tokens_per_s=tps, mfu=mfu)
-            if on_step:
-                on_step(record["step"], record)
-
         # Batches are read and put on the devices by a background thread, two steps ahead.
         batches = cleanup.enter_context(
             Prefetcher(
@@ -340,67 +320,43 @@ class Trainer:
             for step, batch in batches:
                 size = self.batch_sizes.size_at(step)
                 if size not in self.flops_per_step:  # a new batch size: compiling is a pause
-                    pause_start = time.perf_counter()
-                    self.compiled_step(size)
-                    paused += time.perf_counter() - pause_start
+                    with timer.pause():
+                        self.compiled_step(size)
                 profiler.before(step + 1)
                 state, metrics = self.plan.compile(size)(state, batch)
                 state_step = step + 1
                 if profiler.after(state_step, (state, metrics)):
                     first, last = spec.trainer.profile
                     where = self.files.remote_path(profiler.directory)
-                    bar.write(f"profile of steps {first}-{last}: {display_path(where)}")
+                    sink.say(f"profile of steps {first}-{last}: {display_path(where)}")
                 if pending is not None:
-                    flush(pending)
+                    sink.write(timer.ready(pending))
                 pending = {"step": step + 1, "batch_size": size, "_device": metrics}
                 pending["_batch_hash"] = batch_fingerprint(batch["tokens"])
                 pending.update(self.data_metrics(step))  # host work while the step runs
-                eval_due = every and state_step % every == 0
                 stop = preemption.agreed()
-                kind = ckpt.due(state_step) if ckpt else None
-                if state_step == num_steps:
-                    kind = "final"
-                elif stop:
-                    kind = kind or "temporary"
-                harness_due = self.harness.due(state_step)
-                if eval_due or harness_due or kind or state_step == end:
-                    mark_ready(pending)
-                pause_start = time.perf_counter()
-                if eval_due:
-                    result.eval = self.evaluate(state)
-                    pending.update(eval_record(result.eval))
-                    bar.write(eval_line(state_step, result.eval))
-                if harness_due:
-                    harness_metrics = self.harness(state.params, state_step)
-                    pending.update(harness_metrics)
-                    bar.write(harness_line(state_step, harness_metrics))
-                if ckpt and kind:
-                    ckpt.save(state_step, state, config_json=spec.to_json(), kind=kind)
-                    if spec.checkpoint.export_hf:
-                        self.export_hf(self.files.local / "hf" / f"step_{state_step:08d}", state)
-                    if self.primary:
-                        self.files.push()  # the metrics so far, beside the checkpoint
-                    result.checkpoint_saved = True
-                    result.checkpoint_blocking_s = max(
-                        result.checkpoint_blocking_s, ckpt.last_blocking_s
-                    )
-                else:
-                    result.checkpoint_saved = False
-                paused += time.perf_counter() - pause_start
+                due = [hook for hook in hooks if hook.due(state_step, stop)]
+                if due or state_step == end:
+                    timer.ready(pending)
+                final = state_step == spec.trainer.num_train_steps
+                boundary = StepEnd(state_step, state, self.plan, stop, final, sink.say)
+                with timer.pause():
+                    for hook in due:
+                        pending.update(hook(boundary) or {})
                 if stop:
-                    result.preempted = state_step < num_steps
+                    result.preempted = state_step < spec.trainer.num_train_steps
                     break
-            evaluated = every and num_steps % every == 0
-            if pending is not None and state_step == num_steps and not evaluated:
-                pause_start = time.perf_counter()
-                result.eval = self.evaluate(state)
-                pending.update(eval_record(result.eval))
-                paused += time.perf_counter() - pause_start
             if pending is not None:
-                flush(pending)
-                pending = None
+                sink.write(timer.ready(pending))
         self.state = state
         return state_step
+
+    def _peak_flops_per_device(self) -> float:
+        return self.spec.trainer.peak_flops_per_device or measure_peak_flops()
+
+    def _export_step(self, step: int, state: TrainState) -> None:
+        """`checkpoint.export_hf`: the Hugging Face export beside each checkpoint."""
+        self.export_hf(hf_export_dir(self.files.local, step), state)
 
     def _model_flops(self, batch_size: int, tokens: int) -> float | None:
         if self.parts.flops_per_token:
@@ -481,7 +437,7 @@ class Trainer:
         # A new optimizer state for the loaded weights: schedules re-warm from step 0.
         with compute_context(self.mesh):
             opt_state = jax.jit(
-                self.parts.optimizer.init, out_shardings=self.plan.state_sharding.opt_state
+                self.plan.parts.optimizer.init, out_shardings=self.plan.state_sharding.opt_state
             )(params)
         return TrainState(state.step, params, opt_state)
 
@@ -492,6 +448,7 @@ def train(
     *,
     mesh: jax.sharding.Mesh | None = None,
     stop_after: int | None = None,
+    hooks: Sequence[Hook] = (),
 ) -> RunResult:
     """Runs (or resumes) the training described by `spec`.
 
@@ -501,5 +458,10 @@ def train(
         parts: model/loss/optimizer/data; default: built from the config.
         mesh: default: from `mesh.*`.
         stop_after: stop after this many steps (a deliberate interruption, for tests).
+        hooks: more step-boundary hooks (see `Trainer`).
     """
-    return Trainer(spec, parts, mesh).run(stop_after=stop_after)
+    try:
+        return Trainer(spec, parts, mesh, hooks=hooks).run(stop_after=stop_after)
+    except Exception as e:
+        _exit.mark(e)  # its exit status survives pickling (a slice's error reaching its launcher)
+        raise

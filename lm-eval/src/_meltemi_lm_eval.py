@@ -1,12 +1,13 @@
 """Makes `lm_eval --model meltemi` work: registers the model when lm-eval loads its models.
 
 lm-eval 0.4 finds models only in its own `lm_eval.models.MODEL_MAPPING` (no plugin entry
-points). The meltemi-levanter wheel ships `meltemi_levanter_lm_eval.pth`, whose one line
-imports this module at interpreter start-up; all it does then is put a finder on
-`sys.meta_path` that waits for `lm_eval.models` to finish importing and then registers the lazy
-placeholder `"meltemi" -> "meltemi.levanter.harness._model:MeltemiLM"`, exactly as lm-eval
-registers its own models. Nothing of lm-eval, JAX or Meltemi is imported before lm-eval
-itself asks for a model named `meltemi`.
+points). The opt-in meltemi-lm-eval wheel ships `meltemi_lm_eval.pth`, whose one line imports
+this module at interpreter start-up; all it does then is put a finder on `sys.meta_path` that
+waits for `lm_eval.models` to finish importing and then registers the lazy placeholder
+`"meltemi" -> "meltemi.levanter.harness._model:MeltemiLM"`, exactly as lm-eval registers its
+own models. Nothing of lm-eval, JAX or Meltemi is imported before lm-eval itself asks for a
+model named `meltemi`. Without this wheel, `python -m meltemi.levanter.harness` is lm-eval's
+command line with the model registered.
 """
 
 import sys
@@ -25,7 +26,7 @@ def register() -> None:
             model_registry.register(MODEL_NAME, target=TARGET)
     except Exception as err:  # an lm-eval whose registry changed must still run its own models
         print(
-            f"meltemi-levanter: could not register lm-eval model {MODEL_NAME!r} ({err!r}); "
+            f"meltemi-lm-eval: could not register lm-eval model {MODEL_NAME!r} ({err!r}); "
             "run `python -m meltemi.levanter.harness ...` instead of `lm_eval ...`",
             file=sys.stderr,
         )

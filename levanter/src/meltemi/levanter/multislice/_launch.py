@@ -18,7 +18,9 @@ The job (`mesh.num_slices` is the target, `mesh.min_slices` the floor):
   at the next step boundary (saving a checkpoint there) and re-forms at the larger size;
 * fewer live slices than `min_slices` and no replacement within the retry budget: the job
   stops with exit status 75 ("try again later"); starting it again resumes;
-* SIGTERM to the launcher: every slice saves and stops, exit status 75.
+* SIGTERM to the launcher: every slice saves and stops, exit status 75;
+* a slice raises: the job stops with that error's status (74 for an I/O failure such as a
+  full disk, 2 for a config or checkpoint mistake, each one `error:` line; 1 for a bug).
 
 Every change is logged with its reason and written to `run_dir/status.json` (see
 `meltemi.levanter.multislice`). The same launcher runs on fray's Ray backend:
@@ -36,17 +38,18 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 
 from meltemi import fray
+from meltemi.levanter import _exit
 from meltemi.levanter.checkpoint import latest_complete_step
 from meltemi.levanter.config import ResolvedConfig, RunSpec, as_spec
-from meltemi.levanter.multislice import JobStatus, SliceStatus
-from meltemi.levanter.trainer._preemption import PREEMPTED_EXIT_CODE
-from meltemi.levanter.trainer._slice_worker import RESIZE_SIGNAL, SliceWorker
+from meltemi.levanter.multislice._slice_worker import RESIZE_SIGNAL, SliceWorker
+from meltemi.levanter.multislice._status import JobStatus, SliceStatus
+from meltemi.levanter.trainer import PREEMPTED_EXIT_CODE, Hook
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +71,7 @@ def launch_multislice(
     available: Callable[[int, int], bool] | None = None,
     backoff_s: float = 0.5,
     standby: bool = True,
+    hooks: Callable[[RunSpec], Sequence[Hook]] | None = None,
 ) -> int:
     """Runs the job on up to `mesh.num_slices` slice processes; returns the exit status.
 
@@ -82,11 +86,14 @@ def launch_multislice(
         backoff_s: wait before the first replacement attempt (doubling, at most 30 s).
         standby: keep one warm spare process per live slice (imports done, waiting for its
             assignment), so a re-form starts no cold process for the survivors.
+        hooks: `hooks(spec)` -> step-boundary hooks each slice adds to its trainer (a
+            module-level function, pickled by reference; `meltemi.levanter.main` passes the
+            lm-evaluation-harness hook this way), or None.
     """
     spec = as_spec(spec)
     owned = cluster is None
     cluster = cluster or fray.LocalCluster(heartbeat_timeout_s=600.0)
-    job = _ElasticJob(spec, cluster, max_restarts, available, backoff_s, standby)
+    job = _ElasticJob(spec, cluster, max_restarts, available, backoff_s, standby, hooks)
     try:
         with _forward_sigterm(job):
             return job.run(on_start)
@@ -160,8 +167,9 @@ def _resume_step(run_dir) -> int:
 class _ElasticJob:
     """The launcher's state machine (see the module docstring and docs/design/levanter.md)."""
 
-    def __init__(self, spec, cluster, max_restarts, available, backoff_s, standby):
+    def __init__(self, spec, cluster, max_restarts, available, backoff_s, standby, hooks=None):
         self.spec = spec
+        self.hooks = hooks
         self.cluster = cluster
         self.target = spec.mesh.num_slices
         self.min_slices = spec.mesh.min_slices or self.target
@@ -508,7 +516,14 @@ class _ElasticJob:
         config = self.spec.to_json()
         futures = [
             h.run.options(timeout=None).remote(
-                i, rank, len(gang), coordinator, config, self.local, self.compile_cache
+                i,
+                rank,
+                len(gang),
+                coordinator,
+                config,
+                self.local,
+                self.compile_cache,
+                self.hooks,
             )  # fmt: skip
             for rank, (i, h) in enumerate(zip(gang, handles, strict=True))
         ]
@@ -569,10 +584,18 @@ class _ElasticJob:
         for i in gang:
             self.slices[i].state = "done"
             self._retire(i)
-        why = f"slice {index} raised: {error}"
-        self.log("failed", why)
+        # The slice's own status: a full disk is 74 and a config or checkpoint mistake 2 (one
+        # `error:` line, as one process would print), anything else a bug (1, its traceback).
+        status = _exit.exit_status(error)
+        if status == _exit.FAILED:
+            why = f"slice {index} raised: {error}"
+            self.log("failed", why)
+        else:
+            why = f"slice {index}: {_exit.error_line(error, self.spec.run_dir)}"
+            self.log("failed", why)
+            print(f"error: {why}", file=sys.stderr, flush=True)
         self.write_status("failed", why.splitlines()[0])
-        return 1, why
+        return status, why
 
     def _after_death(self, gang, died) -> tuple[int | None, str]:
         # Others may be dying at the same moment (one machine, several slices): look again.

@@ -9,13 +9,14 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jax
 
-from meltemi.levanter.config import ResolvedConfig
-from meltemi.levanter.trainer._preemption import Preemption, install_sigterm_handler
-from meltemi.levanter.trainer._trainer import train
+from meltemi.levanter._private_api import fallback, parameter_names
+from meltemi.levanter.config import ResolvedConfig, RunSpec, resolve
+from meltemi.levanter.trainer import Hook, Preemption, install_sigterm_handler, train
 
 #: Signal from the launcher: "stop at the next step boundary and save" so the gang can
 #: re-form at a new size (a replacement slice is ready to join).
@@ -45,6 +46,50 @@ def _install_handlers() -> None:
     signal.signal(RESIZE_SIGNAL, on_resize)
 
 
+# The private JAX names `write_compile_cache_from_every_rank` relies on, as of jax 0.10 (the
+# upper bound in levanter/pyproject.toml): `compiler._cache_write` is replaced and called with
+# these arguments, `compilation_cache.put_executable_and_time` is called with these.
+_CACHE_WRITE_PARAMS = (
+    "cache_key", "compile_time_secs", "module_name", "backend", "executable", "host_callbacks"
+)  # fmt: skip
+_PUT_PARAMS = ("cache_key", "module_name", "executable", "backend", "compile_time")
+_CACHE_WRITE = "jax._src.compiler._cache_write"
+_CACHE_FALLBACK = (
+    "only process 0 writes compile-cache entries, as in JAX (on CPU, ranks >= 1 of a gang "
+    "recompile at every re-form)"
+)
+
+
+class _CacheHooks(NamedTuple):
+    compiler: Any  # jax._src.compiler
+    put: Callable[..., None]  # jax._src.compilation_cache.put_executable_and_time
+    global_state: Any  # jax._src.distributed.global_state
+
+
+def jax_cache_hooks() -> _CacheHooks | None:
+    """JAX's private compile-cache hooks, if exactly as tested; else None and one warning."""
+    try:
+        from jax._src import compilation_cache, compiler, distributed
+    except ImportError as e:
+        fallback("jax._src", f"cannot import: {e}", _CACHE_FALLBACK)
+        return None
+    original = getattr(compiler, "_cache_write", None)
+    put = getattr(compilation_cache, "put_executable_and_time", None)
+    state = getattr(distributed, "global_state", None)
+    for api, found, want in (
+        (_CACHE_WRITE, original, _CACHE_WRITE_PARAMS),
+        ("jax._src.compilation_cache.put_executable_and_time", put, _PUT_PARAMS),
+    ):
+        names = None if found is None else parameter_names(found)
+        if names != want:
+            fallback(api, "missing" if found is None else f"parameters {names}", _CACHE_FALLBACK)
+            return None
+    if not isinstance(getattr(state, "process_id", None), int):
+        fallback("jax._src.distributed.global_state.process_id", "missing", _CACHE_FALLBACK)
+        return None
+    return _CacheHooks(compiler, put, state)
+
+
 def write_compile_cache_from_every_rank() -> bool:
     """Lets every process of the gang write its own persistent compilation cache entries.
 
@@ -53,23 +98,23 @@ def write_compile_cache_from_every_rank() -> bool:
     compiled every step from scratch at each re-form (14 s of a 23 s shrink on this machine).
     Their keys are distinct files, so writing them does not contend with process 0's. On other
     platforms the keys are the same on every process and only process 0 writes, as in JAX.
-    Returns False (and changes nothing) if this JAX has no such hook.
+    JAX has no public hook for this: if its private one differs from the tested signature
+    (`jax_cache_hooks`), this warns once, changes nothing and returns False.
     """
-    try:
-        from jax._src import compilation_cache, compiler, distributed
-    except ImportError:
+    hooks = jax_cache_hooks()
+    if hooks is None:
         return False
-    original = getattr(compiler, "_cache_write", None)
-    put = getattr(compilation_cache, "put_executable_and_time", None)
-    if original is None or put is None or getattr(original, "_every_rank", False):
-        return original is not None and put is not None
+    original = hooks.compiler._cache_write
+    if getattr(original, "_every_rank", False):
+        return True
+    put, state = hooks.put, hooks.global_state
 
     def cache_write(cache_key, compile_time_secs, module_name, backend, executable,
                     host_callbacks):  # fmt: skip
         # Only CPU keys differ per process; on GPU/TPU every rank has the same key, and JAX's
         # one writer (process 0) is right: many writers of one object would contend.
         cpu = getattr(backend, "platform", "") == "cpu"
-        if distributed.global_state.process_id == 0 or host_callbacks or not cpu:
+        if state.process_id == 0 or host_callbacks or not cpu:
             return original(cache_key, compile_time_secs, module_name, backend, executable,
                             host_callbacks)  # fmt: skip
         if compile_time_secs < jax.config.jax_persistent_cache_min_compile_time_secs:
@@ -81,7 +126,7 @@ def write_compile_cache_from_every_rank() -> bool:
         return None
 
     cache_write._every_rank = True
-    compiler._cache_write = cache_write
+    hooks.compiler._cache_write = cache_write
     return True
 
 
@@ -117,6 +162,7 @@ class SliceWorker:
         config_json: str,
         local_devices: int,
         compile_cache: str = "",
+        hooks: Callable[[RunSpec], Sequence[Hook]] | None = None,
     ) -> dict[str, Any]:
         """Joins a gang of `num_slices` processes as `rank`, trains (or resumes) and reports.
 
@@ -129,6 +175,8 @@ class SliceWorker:
             local_devices: devices of this process.
             compile_cache: a persistent compilation cache directory ("" for none): a gang
                 re-formed at a size seen before starts without compiling.
+            hooks: `hooks(spec)` -> the step-boundary hooks to add to this slice's trainer
+                (a module-level function: it is pickled by reference), or None.
         """
         os.environ["MELTEMI_SLICE_INDEX"] = str(slice_index)
         # The launcher's fake-device flag (tests) must not leak into the slice processes:
@@ -156,7 +204,7 @@ class SliceWorker:
         joined = time.perf_counter()
         print(f"slice {slice_index}: rank {rank} of {num_slices}, joined in "
               f"{joined - start:.1f} s", file=sys.stderr, flush=True)  # fmt: skip
-        result = train(resolved)
+        result = train(resolved, hooks=hooks(resolve(resolved)) if hooks is not None else ())
         print(f"slice {slice_index}: trained steps {result.start_step}-{result.step} in "
               f"{time.perf_counter() - joined:.1f} s", file=sys.stderr, flush=True)  # fmt: skip
         jax.distributed.shutdown()
