@@ -32,3 +32,20 @@ def random_model(config: mm.ModelConfig, seed: int = 0) -> mm.Transformer:
     model, _, _, missing = _hf_keys.from_state_dict(template, random_state_dict(config, seed))
     assert not missing, missing
     return model
+
+
+def store_tied_head(directory, changed_row: int | None = None) -> None:
+    """Rewrites the tied checkpoint saved in `directory` as one `model.safetensors` that also
+    stores `lm_head.weight`: a copy of the embedding, or with row `changed_row` changed."""
+    from safetensors.numpy import save_file
+
+    from meltemi.models.hf import _safetensors
+
+    tensors = _safetensors.read_all(directory)
+    head = tensors["model.embed_tokens.weight"].copy()
+    if changed_row is not None:
+        head[changed_row] += 1.0
+    tensors["lm_head.weight"] = head
+    for f in [*directory.glob("*.safetensors"), directory / "model.safetensors.index.json"]:
+        f.unlink(missing_ok=True)
+    save_file(tensors, str(directory / "model.safetensors"))

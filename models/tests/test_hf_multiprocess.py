@@ -16,6 +16,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from model_testing import store_tied_head
 
 import meltemi.models as mm
 from meltemi.models import hf
@@ -285,17 +286,8 @@ print(json.dumps({"reads": equal_reads, "error": error}), flush=True)
 
 
 def _save_tied(directory, changed_row=None):
-    from safetensors.numpy import save_file
-
     hf.save(random_model(TIED_CONFIG), None, directory)
-    tensors = _safetensors.read_all(directory)
-    head = tensors["model.embed_tokens.weight"].copy()
-    if changed_row is not None:
-        head[changed_row] += 1.0
-    tensors["lm_head.weight"] = head
-    for f in [*directory.glob("*.safetensors"), directory / "model.safetensors.index.json"]:
-        f.unlink(missing_ok=True)
-    save_file(tensors, str(directory / "model.safetensors"))
+    store_tied_head(directory, changed_row)
 
 
 def test_two_processes_compare_only_their_rows_of_a_tied_head_and_agree(tmp_path):

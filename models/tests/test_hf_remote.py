@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from fsspec.implementations.dirfs import DirFileSystem  # noqa: E402
 from fsspec.implementations.local import LocalFileSystem  # noqa: E402
+from model_testing import store_tied_head  # noqa: E402
 
 import meltemi.haliax as hax  # noqa: E402
 import meltemi.models as mm  # noqa: E402
@@ -161,21 +162,12 @@ def test_an_unknown_scheme_names_the_package_to_install(bucket):
 def _tied_in_bucket(bucket, name, changed_row=None):
     """`gs://b/<name>`: a tied tiny-gemma checkpoint that also stores `lm_head.weight` (equal
     to the embedding, or with one row changed); returns its model."""
-    from safetensors.numpy import save_file
-
     config = mm.get_preset("tiny-gemma").replace(vocab_size=68)  # rows split 4 ways
     model = mm.init(config, key=jax.random.key(1))
     assert model.config.tie_embeddings
     local = bucket / "b" / name
     hf.save(model, None, local)
-    tensors = _safetensors.read_all(local)
-    head = tensors["model.embed_tokens.weight"].copy()
-    if changed_row is not None:
-        head[changed_row] += 1.0
-    tensors["lm_head.weight"] = head
-    for f in [*local.glob("*.safetensors"), local / "model.safetensors.index.json"]:
-        f.unlink(missing_ok=True)
-    save_file(tensors, str(local / "model.safetensors"))
+    store_tied_head(local, changed_row)
     return model
 
 
