@@ -155,3 +155,17 @@ def test_importing_evaluation_loads_no_trainer_multislice_or_extra_fray():
     by_evaluation, by_data = loaded("meltemi.levanter.evaluation"), loaded("meltemi.data")
     assert not {m for m in by_evaluation if not m.startswith("meltemi.fray")}, by_evaluation
     assert by_evaluation == by_data
+
+
+def test_reading_a_jobs_status_imports_neither_jax_nor_the_trainer():
+    """`//levanter:status` reads `status.json` through `meltemi.levanter.status` (bottom floor,
+    standard library only), so it starts at once even where the launcher would load JAX."""
+    probe = (
+        "import sys, meltemi.levanter.main.status; "
+        "print(sorted(m for m in sys.modules if m == 'jax' or m.startswith(('meltemi.levanter."
+        "trainer', 'meltemi.levanter.multislice', 'meltemi.models'))))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout

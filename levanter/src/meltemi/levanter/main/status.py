@@ -14,7 +14,7 @@ import time
 
 from absl import app, flags
 
-from meltemi.levanter.multislice import format_status, read_status
+from meltemi.levanter.status import format_status, read_status
 
 
 def _run_dir(text: str) -> pathlib.Path:

@@ -2,8 +2,8 @@
 
 `launch_multislice` keeps a gang of slice processes (`SliceWorker` fray actors, one per
 slice) training with the ordinary trainer; it rewrites `run_dir/status.json` whenever the job
-or a slice changes, and `read_status` / `format_status` read and print it
-(`bazel run //levanter:status -- --run_dir=DIR`). This floor sits above the trainer.
+or a slice changes, and `read_status` / `format_status` (from `meltemi.levanter.status`, a
+bottom floor with no JAX) read and print it. This floor sits above the trainer.
 """
 
 from meltemi.levanter.multislice._launch import devices_per_slice, launch_multislice
@@ -12,7 +12,7 @@ from meltemi.levanter.multislice._slice_worker import (
     SliceWorker,
     write_compile_cache_from_every_rank,
 )
-from meltemi.levanter.multislice._status import (
+from meltemi.levanter.status import (
     JOB_STATES,
     SLICE_STATES,
     JobStatus,

@@ -48,7 +48,7 @@ from meltemi.levanter import _exit
 from meltemi.levanter.checkpoint import latest_complete_step
 from meltemi.levanter.config import ResolvedConfig, RunSpec, as_spec
 from meltemi.levanter.multislice._slice_worker import RESIZE_SIGNAL, SliceWorker
-from meltemi.levanter.multislice._status import JobStatus, SliceStatus
+from meltemi.levanter.status import JobStatus, SliceStatus
 from meltemi.levanter.trainer import PREEMPTED_EXIT_CODE, Hook
 
 logger = logging.getLogger(__name__)
