@@ -16,6 +16,13 @@ MODULES = [
     "meltemi.haliax.quantization",
     "meltemi.haliax.debug",
     "meltemi.haliax.specialized_fns",
+    "meltemi.haliax.axis",
+    "meltemi.haliax.core",
+    "meltemi.haliax.haxtyping",
+    "meltemi.haliax.jax_utils",
+    "meltemi.haliax.nn.conv",
+    "meltemi.haliax.nn.pool",
+    "meltemi.haliax.nn.scan",
 ]
 
 

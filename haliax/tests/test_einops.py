@@ -79,12 +79,12 @@ def test_round_trip_is_the_identity_under_jit():
 @pytest.mark.parametrize(
     "pattern, kwargs, message",
     [
-        ("b (h d) w -> b h d w", {}, "needs the sizes of all but one part"),
-        ("b (h d) w -> b h d w", {"h": 4}, "not divisible by 4"),
-        ("b hd w -> b (hd w)", {}, "merged axes need a name"),
-        ("b hd w -> b hd", {}, r"axes \['w'\] are not on the right side"),
-        ("b hd w -> b hd w z", {}, "'z' on the right is not bound"),
-        ("b hd -> b hd", {}, "the left side names 2 axes, the array has 3"),
+        ("b (h d) w -> b h d w", {}, r"into \('h', 'd'\) are ambiguous: give all but one"),
+        ("b (h d) w -> b h d w", {"h": 4}, "do not divide evenly into axis 'hd' of size 35"),
+        ("b hd w -> b (hd w)", {}, r"All rhs axes must have a name: use \(hd_w: hd w\)"),
+        ("b hd w -> b hd", {}, r"Not all intermediate axes are used: \['w'\]; use \.\.\."),
+        ("b hd w -> b hd w z", {}, "Axis z is not bound on the lhs"),
+        ("b hd -> b hd", {}, "Not all axes are bound, use ... to skip missing axes: 2 names"),
         ("b hd w", {}, "needs exactly one '->'"),
     ],
 )

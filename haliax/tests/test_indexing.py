@@ -75,6 +75,13 @@ def test_index_unknown_axis_lists_axes():
         _x()[{"heads": 0}]
 
 
-def test_unnamed_array_index_is_rejected():
-    with pytest.raises(TypeError, match=r"wrap it with hax.named"):
-        _x()[{"pos": jnp.array([0, 1])}]
+def test_unnamed_1d_index_batches_over_the_axis_of_its_length():
+    # Haliax's sugar: a 1-d unnamed index takes the name of a kept axis of the same length
+    y = _x()[{"pos": jnp.array([4, 0, 2])}]
+    assert y.axes == (Batch, Embed)
+    np.testing.assert_array_equal(y.array, _x().array[jnp.arange(3), jnp.array([4, 0, 2])])
+
+
+def test_unnamed_2d_index_is_rejected():
+    with pytest.raises(TypeError, match=r"must be 0-d or 1-d, got shape \(2, 2\); name its axes"):
+        _x()[{"pos": jnp.zeros((2, 2), int)}]

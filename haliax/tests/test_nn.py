@@ -178,3 +178,34 @@ def test_cross_entropy_z_loss_adds_log_z_squared():
 def test_cross_entropy_integer_targets_with_label_axis_is_error():
     with pytest.raises(hax.AxisError, match=r"must not have the label axis"):
         hax.nn.cross_entropy_loss(_rand((Pos, Vocab)), Vocab, hax.zeros((Pos, Vocab), jnp.int32))
+
+
+@pytest.mark.parametrize("out_first", [True, False])
+def test_linear_flatten_for_export_is_2d_and_round_trips(out_first):
+    layer = hax.nn.Linear.init(
+        (Heads, HeadSize), (Pos, Mlp), key=jax.random.key(0), out_first=out_first
+    )
+    flat = layer.flatten_for_export()
+    out_in = (Pos.size * Mlp.size, Heads.size * HeadSize.size)
+    assert flat.weight.array.shape == (out_in if out_first else out_in[::-1])
+    assert flat.bias.array.shape == (Pos.size * Mlp.size,)
+    # row-major flattening: element [o, i] of the 2-D weight is the (pos, mlp, heads, head_size) one
+    w = np.asarray(layer.weight.rearrange(("pos", "mlp", "heads", "head_size")).array)
+    flat_oi = np.asarray(flat.weight.array if out_first else flat.weight.array.T)
+    np.testing.assert_array_equal(flat_oi, w.reshape(out_in))
+    other = hax.nn.Linear.init(
+        (Heads, HeadSize), (Pos, Mlp), key=jax.random.key(1), out_first=out_first
+    )
+    back = flat.unflatten_from_export(other)
+    assert back.weight.axes == layer.weight.axes and back.bias.axes == layer.bias.axes
+    np.testing.assert_array_equal(back.weight.array, layer.weight.array)
+
+
+def test_layer_norm_flatten_for_export_round_trips():
+    norm = hax.nn.LayerNorm.init((Heads, HeadSize))
+    norm = norm.__class__(_rand((Heads, HeadSize)), _rand((Heads, HeadSize), 1), norm.axis)
+    flat = norm.flatten_for_export()
+    assert flat.weight.array.shape == flat.bias.array.shape == (Heads.size * HeadSize.size,)
+    back = flat.unflatten_from_export(hax.nn.LayerNorm.init((Heads, HeadSize)))
+    assert back.weight.axes == (Heads, HeadSize)
+    np.testing.assert_array_equal(back.bias.array, norm.bias.array)

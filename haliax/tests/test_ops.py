@@ -135,7 +135,8 @@ def test_clip_roll_unbind_methods_are_the_functions(monkeypatch):
 
 
 def test_einsum_operand_spec_missing_axis_is_an_error():
-    with pytest.raises(hax.AxisError, match=r"does not name every axis.*add '...'"):
+    # Haliax's einsum (hax.einsum is `_einsum.einsum`, as in Haliax): ordered sides are positional
+    with pytest.raises(ValueError, match=r"einsum 'batch -> batch': Mismatched number of axes"):
         hax.einsum("batch -> batch", _rand((Batch, Embed)))
 
 
@@ -215,9 +216,8 @@ def test_tril_takes_two_axes_as_in_haliax_and_the_pair_form():
     np.testing.assert_array_equal(hax.tril(x, Row, Col, k=1).array, ref)
     np.testing.assert_array_equal(hax.tril(x, ("row", "col"), 1).array, ref)
     out = hax.triu(x, "col", "row")  # rows are `col` now: the transposed triangle
-    np.testing.assert_array_equal(
-        out.array, np.swapaxes(np.triu(np.swapaxes(np.asarray(x.array), 1, 2)), 1, 2)
-    )
+    assert [a.name for a in out.axes] == ["batch", "col", "row"]  # Haliax: (row, col) axes last
+    np.testing.assert_array_equal(out.array, np.triu(np.swapaxes(np.asarray(x.array), 1, 2)))
 
 
 def test_pad_by_axis_name_grows_only_those_axes():

@@ -20,6 +20,7 @@ import pytest
 import meltemi.data as md
 import meltemi.models as mm
 from meltemi.levanter.config import ConfigError, base_config, flatten, load_config, resolve
+from meltemi.levanter.config._data_spec import LOSS_AVERAGES, OVERLONG, TRAIN_ON
 from meltemi.levanter.config._spec import COMPUTE_DTYPES, SOURCES, VERIFY_MODES
 from meltemi.levanter.optim._adamw import ADAMC_MODES
 from meltemi.levanter.optim._config import MU_DTYPES, OPTIMIZERS
@@ -30,6 +31,7 @@ from meltemi.levanter.trainer import train
 
 CONFIGS = pathlib.Path(__file__).parent.parent / "configs"
 SMOKE = f"{CONFIGS / 'default.py'}:smoke"
+CHAT = CONFIGS / "sft_data"
 
 # Enum keys and the values they document (W&B's "online" needs the network).
 ENUMS = {
@@ -38,11 +40,15 @@ ENUMS = {
     "logging.wandb_mode": ("offline", "disabled"),
     "data.source": SOURCES,
     "data.packing": md.PACKINGS,
+    "data.train_on": TRAIN_ON,
+    "data.overlong": OVERLONG,
+    "data.loss_average": LOSS_AVERAGES,
     # "splash" needs a TPU (its error on other platforms is tested in //models).
     "model.attention_backend": ("auto", "xla", "dot_product_attention"),
     "model.family": ("llama", "qwen3", "gpt2", "gemma"),  # the dense families
     "model.activation": mm.ACTIVATIONS,
     "model.remat": mm.REMAT_POLICIES,
+    "model.sequence_parallel": mm.SEQUENCE_PARALLEL,
     "optimizer.name": OPTIMIZERS,
     "optimizer.lr_schedule": DECAY_SHAPES,
     "optimizer.adamc": ADAMC_MODES,
@@ -62,6 +68,7 @@ FREE_TEXT = {
     "data.bos_token",
     "data.eos_token",
     "data.cache_dir",
+    "data.chat_template",
     "logging.wandb_project",
 }
 # What a value needs besides itself to have an effect.
@@ -75,6 +82,15 @@ NEEDS = {
     # Written by the test into its tmp_path (see _files).
     "data.source=files": {"data.train_files": "<files>"},
 }
+# The chat keys act on chat data: the shipped chat set (levanter/configs/sft_data).
+_CHAT_DATA = {
+    "data.source": "chat",
+    "data.train_files": repr((str(CHAT / "train.jsonl"),)),
+    "data.chat_template": str(CHAT / "template.jinja"),
+    "data.seq_len": "128",  # the smoke run's 32 bytes hold no conversation
+}
+NEEDS.update({"data.source=chat": _CHAT_DATA, "data.train_on": _CHAT_DATA,
+              "data.overlong": _CHAT_DATA, "data.loss_average": _CHAT_DATA})  # fmt: skip
 # data.source=mixture: components are set in a config file; test_configs.py trains
 # mixture.py:smoke for 2 steps (the guard below checks that it is a mixture).
 ELSEWHERE = {("data.source", "mixture")}

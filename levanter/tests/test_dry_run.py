@@ -12,6 +12,7 @@ from meltemi.levanter.config import ConfigError, load_config
 from meltemi.levanter.trainer import DryRunReport, dry_run
 
 MARIN = pathlib.Path(__file__).parent.parent / "configs" / "marin_32b.py"
+INSTRUCT = pathlib.Path(__file__).parent.parent / "configs" / "marin_8b_instruct.py"
 
 
 def _gib(out: str, label: str) -> float:
@@ -65,6 +66,53 @@ def test_marin_32b_dry_run_on_virtual_fsdp_mesh(tmp_path):
     assert "vs 95 GiB of HBM per device: fits (39%)" in out, out
     assert "fits on: A100 40GB, A100/H100 80GB, TPU v5p, H200" in out, out
     assert not (tmp_path / "run").exists()
+
+
+def test_marin_8b_instruct_recipe_is_the_model_cards():
+    from meltemi.data import chat as mdc
+    from meltemi.levanter.config import resolve
+
+    spec = resolve(load_config(str(INSTRUCT)))
+    components = {c.name: c for c in spec.data.mixture.components}
+    assert len(components) == 9  # eight datasets, dolphin-r1 as its two halves
+    assert all(isinstance(c.source, mdc.ChatFiles) for c in components.values())
+    weights = dict(spec.data.mixture.stages[0][1])
+    # Weighted by document count: smoltalk's 1,043,917 of 4,899,256 documents.
+    assert weights["smoltalk"] == pytest.approx(1_043_917 / 4_899_256)
+    assert sum(weights.values()) == pytest.approx(1.0)
+    tokens = spec.trainer.num_train_steps * spec.trainer.train_batch_size * spec.data.seq_len
+    assert tokens == pytest.approx(5.3e9, rel=1e-3)  # one phase of 5.3B tokens
+    assert spec.model.num_layers == 32 and spec.data.train_on == "assistant"
+
+
+def test_marin_8b_instruct_dry_run_plans_without_the_data(tmp_path):
+    # The nine sets are not on this machine (sft_data/marin/ does not exist): the dry run is
+    # the real set-up without the work, and reading the data is work.
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(_subprocess.TRAIN),
+            f"--config={INSTRUCT}",
+            f"--config.run_dir={tmp_path / 'run'}",
+            "--dry_run",
+            "--dry_run_devices=64",
+            "--dry_run_hbm_gib=32",
+        ],
+        env=_subprocess.env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "dry run: marin-8b, 8.03B parameters (vocab 128,256)" in out, out
+    assert "mesh: 64 devices (fsdp=64)" in out  # a TPU v4-128 slice: 64 chips
+    assert "tokens per step: 524,288 (8,192 per device)" in out  # 128 x 4096
+    # 8.03B params x (4 B weights + 8 B Adam moments) / 64 devices = 1.40 GiB.
+    assert 1.35 < _gib(out, "arguments (params, optimizer state, batch):") < 1.45, out
+    assert "vs 32 GiB of HBM per device: fits" in out, out
+    assert not (tmp_path / "run").exists() and not (tmp_path / "sft_data").exists()
 
 
 def _report(**changes) -> DryRunReport:

@@ -87,3 +87,22 @@ def test_the_binary_exports_after_training(tmp_path):
     assert f"Hugging Face export: {tmp_path / 'export'}" in proc.stdout
     assert (tmp_path / "export" / "config.json").is_file()
     assert list((tmp_path / "export").glob("*.safetensors"))
+
+
+def test_a_preset_that_describes_the_checkpoint_may_stay_beside_init_from_hf(tmp_path):
+    # A config that plans with a preset (`--dry_run`, no checkpoint present) trains from the
+    # checkpoint with a flag when the preset is its architecture (marin_8b_instruct.py).
+    from meltemi.levanter.config import ResolvedConfig, apply_overrides, base_config
+
+    config = mm.get_preset("tiny-qwen3").replace(vocab_size=259)
+    mm.hf.save(mm.init(config, key=jax.random.key(0)), None, tmp_path / "qwen3")
+    provenance = {"model.preset": "file", "model.init_from_hf": "flag"}
+    for preset, ok in (("tiny-qwen3", True), ("tiny-llama", False)):
+        c = apply_overrides(
+            base_config(), {"model.preset": preset, "model.init_from_hf": str(tmp_path / "qwen3")}
+        )
+        if ok:
+            assert resolve(ResolvedConfig(c, provenance)).model.family == "qwen3"
+        else:
+            with pytest.raises(InertKeyError, match=r"model.preset='tiny-llama' has no effect"):
+                resolve(ResolvedConfig(c, provenance))

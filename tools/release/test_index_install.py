@@ -105,9 +105,15 @@ def test_fray_alone_from_the_index(index, tmp_path):
     assert "fray says 42" in _run(python, FRAY_PROGRAM)
 
 
-def test_models_alone_pulls_haliax_from_the_index(index, tmp_path):
+def test_models_alone_pulls_haliax_and_data_from_the_index(index, tmp_path):
     python = _install(index, tmp_path / "venv", "models")
-    assert _installed(python) == {"meltemi-models", "meltemi-haliax"}
+    # meltemi-data (chat templates of meltemi.models.chat and the server) brings meltemi-fray.
+    assert _installed(python) == {
+        "meltemi-models",
+        "meltemi-haliax",
+        "meltemi-data",
+        "meltemi-fray",
+    }
     out = _run(python, MODELS_PROGRAM)
     assert "models says" in out and "True" in out
 

@@ -19,7 +19,15 @@ True
 
 from meltemi.data._build import build_store
 from meltemi.data._clean import CleanPolicy, ngram_hashes, truncate_runs
-from meltemi.data._dataset import PACKINGS, PackedDataset, Piece, batch_rows, packing_options
+from meltemi.data._dataset import (
+    LOSS_AVERAGES,
+    OVERLONG,
+    PACKINGS,
+    PackedDataset,
+    Piece,
+    batch_rows,
+    packing_options,
+)
 from meltemi.data._mixture import DatasetExhausted, MixtureDataset, exact_counts
 from meltemi.data._parallel import Executor, FrayExecutor, InlineExecutor, ProcessExecutor
 from meltemi.data._prefetch import Prefetcher
@@ -58,6 +66,8 @@ from meltemi.data.permutation import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "LOSS_AVERAGES",
+    "OVERLONG",
     "PACKINGS",
     "BlockShuffle",
     "ByteTokenizer",

@@ -5,6 +5,14 @@ saved in build.json. Each shard is written to a temporary directory and renamed 
 only then does the parent append the shard's line to ledger.jsonl. A rerun skips the shards the
 ledger lists and redoes the others, so a killed build loses and duplicates nothing. meta.json
 is written last (write to a temporary name, then rename): a store without it does not open.
+
+A source with an `encode(raw, tokenizer)` method (`meltemi.data.chat.ChatFiles`) is a chat
+source: its rows are not cleaned or wrapped in bos/eos; `encode` gives each row's ids, loss
+mask and turn ends, stored beside the tokens (a chat store, meta.json "kind": "chat"). A row
+it rejects (an exception with a `.reason`, `ChatRowError`) is counted under that reason with
+its `file:line`, like any malformed record. A chat source whose class says
+`store_kind = "preference"` (`meltemi.data.chat.PreferenceFiles`) builds a preference store the
+same way: its documents are pairs (meta.json "kind": "preference").
 """
 
 from __future__ import annotations
@@ -28,7 +36,9 @@ from meltemi.data._ledger import append_json_line, exclusive_lock, read_json_lin
 from meltemi.data._parallel import Executor, make_executor
 from meltemi.data._sources import Source, SourceError, file_stat
 from meltemi.data._store import (
+    CHAT,
     FORMAT,
+    PREFERENCE,
     StoreError,
     TokenStore,
     kvstore_spec,
@@ -110,6 +120,7 @@ class _ShardTask:
     chunk_tokens: int
     eval_hashes: str | None  # a sorted .npy of evaluation n-gram hashes, loaded once per worker
     sync: str = "files"  # build_store(sync=...)
+    chat: bool = False  # the source encodes rows itself (`_is_chat`)
 
 
 _EVAL_SETS: dict[str, np.ndarray] = {}  # per worker process: path -> memory-mapped hashes
@@ -184,6 +195,82 @@ def _add(doc, task: _ShardTask, counts, problems, examples, docs, locations) -> 
     locations.append(doc.location)
 
 
+def _is_chat(source) -> bool:
+    """A chat source encodes its rows itself (ids, loss mask, turn ends)."""
+    return callable(getattr(source, "encode", None))
+
+
+def _kind(source) -> str | None:
+    """The store kind a source builds: None (text), "chat" or "preference"."""
+    if not _is_chat(source):
+        return None
+    return PREFERENCE if getattr(source, "store_kind", CHAT) == PREFERENCE else CHAT
+
+
+@dataclasses.dataclass
+class _ChatParts:
+    """The kept conversations of one shard: ids, loss masks and turn ends per document."""
+
+    masks: list[np.ndarray] = dataclasses.field(default_factory=list)
+    turn_ends: list[np.ndarray] = dataclasses.field(default_factory=list)
+
+
+def _check_encoded(enc, where: str, task: _ShardTask) -> tuple[np.ndarray, ...]:
+    """(ids, loss mask, turn ends) of an `encode` result; a malformed result is a bug of the
+    source (raised, not counted)."""
+    src = f"{type(task.source).__name__}({task.source.name!r}).encode at {where}"
+    ids = np.asarray(enc.ids).reshape(-1)
+    mask = np.asarray(enc.loss_mask).reshape(-1)
+    ends = np.asarray(enc.turn_ends, np.int64).reshape(-1)
+    if len(mask) != len(ids):
+        raise ValueError(
+            f"{src}: loss_mask has {len(mask)} values for {len(ids)} ids; encode must return "
+            f"one mask value (0 or 1) per id"
+        )
+    if len(mask) and not np.isin(mask, (0, 1)).all():
+        raise ValueError(f"{src}: loss_mask holds {sorted(set(mask.tolist()))}; use only 0 and 1")
+    if len(ids) and (ids.min() < 0 or ids.max() >= task.tokenizer.vocab_size):
+        raise ValueError(
+            f"{src}: ids outside [0, {task.tokenizer.vocab_size}) of tokenizer "
+            f"{task.tokenizer!r} (min {ids.min()}, max {ids.max()})"
+        )
+    if len(ends) and (ends[0] < 1 or ends[-1] > len(ids) or (np.diff(ends) <= 0).any()):
+        raise ValueError(
+            f"{src}: turn_ends {ends.tolist()} must be strictly increasing offsets in "
+            f"[1, {len(ids)}] (just after each assistant turn)"
+        )
+    return ids.astype(np.int32), mask.astype(np.uint8), ends
+
+
+def _add_chat(doc, task: _ShardTask, counts, problems, examples, docs, locations, chat) -> None:
+    """Encodes one conversation (no cleaning, no bos/eos), appending it if it is kept; a row
+    the source rejects (an exception with a `.reason`) is counted under that reason."""
+    if doc.problem is not None:
+        reason = doc.reason or "malformed"
+        counts[reason] += 1
+        _note(problems, examples, reason, f"{doc.location}: {doc.problem}")
+        return
+    try:
+        enc = task.source.encode(doc, task.tokenizer)
+    except ValueError as e:  # ChatRowError: bad data, counted; anything else is our bug
+        reason = getattr(e, "reason", None)
+        if not isinstance(reason, str):
+            raise
+        counts[reason] += 1
+        problem = getattr(e, "problem", None) or str(e)  # ChatRowError: without its location
+        _note(problems, examples, reason, f"{doc.location}: {problem}")
+        return
+    ids, mask, ends = _check_encoded(enc, doc.location, task)
+    if not len(ids):
+        counts["empty"] += 1
+        _note(problems, examples, "empty", f"{doc.location}: no tokens")
+        return
+    docs.append(ids)
+    chat.masks.append(mask)
+    chat.turn_ends.append(ends)
+    locations.append(doc.location)
+
+
 def _read_guarded(source: Source, f: str, counts, problems, examples) -> Iterator:
     """The documents of one file; a corrupt or unreadable file ends early and is counted."""
     try:
@@ -209,10 +296,14 @@ def _build_shard(task: _ShardTask) -> dict:
     examples: dict[str, list[str]] = {}
     docs: list[np.ndarray] = []
     locations: list[str] = []
+    chat = _ChatParts()
     input_bytes = 0
     for f in task.files:
         for doc in _read_guarded(task.source, f, counts, problems, examples):
-            _add(doc, task, counts, problems, examples, docs, locations)
+            if task.chat:
+                _add_chat(doc, task, counts, problems, examples, docs, locations, chat)
+            else:
+                _add(doc, task, counts, problems, examples, docs, locations)
         try:
             input_bytes += file_stat(f)[0]
         except OSError:
@@ -227,6 +318,14 @@ def _build_shard(task: _ShardTask) -> dict:
     per_file = task.sync == "files"
     _write_array(base, "tokens", tokens, _token_dtype(tok.vocab_size), task.chunk_tokens, per_file)
     _write_array(base, "offsets", offsets, "int64", 1 << 16, per_file)
+    if task.chat:
+        masks = np.concatenate(chat.masks) if docs else np.zeros(0, np.uint8)
+        _write_array(base, "loss_mask", masks, "uint8", task.chunk_tokens, per_file)
+        ends = np.concatenate(chat.turn_ends) if docs else np.zeros(0, np.int64)
+        _write_array(base, "turn_ends", ends, "int64", 1 << 16, per_file)
+        counts_per_doc = np.asarray([len(e) for e in chat.turn_ends], np.int64)
+        turn_offsets = np.concatenate([[0], np.cumsum(counts_per_doc)]).astype(np.int64)
+        _write_array(base, "turn_offsets", turn_offsets, "int64", 1 << 16, per_file)
     with open(os.path.join(tmp, "locations.json"), "w") as fh:
         json.dump({"locations": locations}, fh)
     if not per_file:
@@ -332,6 +431,9 @@ def build_store(
 
     Args:
         sources: where documents come from; their order fixes the global document order.
+            Sources with an `encode(raw, tokenizer)` method (chat sources) build a chat
+            store: ids, loss masks and turn ends as `encode` gives them, no cleaning or
+            bos/eos; rows it rejects are counted by their `.reason`. All or none are chat.
         tokenizer: e.g. `ByteTokenizer()`; its fingerprint is recorded and checked on open.
         path: a local directory (created).
         policy: the cleaning policy (`CleanPolicy()` by default).
@@ -382,11 +484,23 @@ def build_store(
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
         raise ValueError(f"build_store: source names must be unique, got {names}")
+    kind = _check_kinds(sources)
+    chat = kind is not None
+    if chat and decontaminate:
+        # Template boilerplate (role headers, a shared system prompt) would match n-grams of
+        # every conversation: n-gram decontamination as for text does not carry over.
+        raise ValueError(
+            f"build_store(decontaminate=[{', '.join(s.name for s in decontaminate)}]): "
+            f"decontamination is for text stores; a chat store's shared template text would "
+            f"match every conversation. Filter chat rows before building, and pass "
+            f"decontaminate=()"
+        )
     listed = [s.files() for s in sources]  # listed once for the plan, fingerprints and records
     shards = plan_shards(listed, shard_bytes, min_shards)
     options = dataclasses.asdict(policy) | {"chunk_tokens": chunk_tokens}
     plan = {
         "format": FORMAT,
+        **({"kind": kind} if chat else {}),  # a text store's plan is what it always was
         "tokenizer": {
             "name": repr(tokenizer),
             "fingerprint": tokenizer.fingerprint(),
@@ -395,8 +509,8 @@ def build_store(
             "eos_id": tokenizer.eos_id,
             "pad_id": tokenizer.pad_id,
             # What each document is wrapped in: a token, or "none" (not added).
-            "bos": _special(tokenizer, "bos") if policy.add_bos else "none",
-            "eos": _special(tokenizer, "eos") if policy.add_eos else "none",
+            "bos": _special(tokenizer, "bos") if policy.add_bos and not chat else "none",
+            "eos": _special(tokenizer, "eos") if policy.add_eos and not chat else "none",
         },
         "sources": [
             {"name": s.name, "fingerprint": s.fingerprint(files)}
@@ -427,6 +541,27 @@ def build_store(
             stop_after_shards=stop_after_shards,
             sync=sync,
         )
+
+
+def _check_kinds(sources: Sequence[Source]) -> str | None:
+    """The store kind every source builds (None: text); a mix of kinds is refused."""
+    kinds = [_kind(s) for s in sources]
+    if len(set(kinds)) > 1:
+        if PREFERENCE in kinds:
+            pairs = [s.name for s, k in zip(sources, kinds, strict=True) if k == PREFERENCE]
+            other = [s.name for s, k in zip(sources, kinds, strict=True) if k != PREFERENCE]
+            raise ValueError(
+                f"build_store: sources {pairs} hold preference pairs and {other} do not; a "
+                f"store holds one kind: build the pairs into a store of their own"
+            )
+        chat = [s.name for s, k in zip(sources, kinds, strict=True) if k]
+        text = [s.name for s, k in zip(sources, kinds, strict=True) if not k]
+        raise ValueError(
+            f"build_store: sources {chat} are chat sources and {text} are text sources; a "
+            f"store holds one kind: build one store of each and mix them with "
+            f"MixtureDataset({{'chat': ..., 'text': ...}}, weights)"
+        )
+    return kinds[0] if kinds else None
 
 
 def _check_build(path: str, plan: dict, finished: bool) -> None:
@@ -517,6 +652,7 @@ def _build_locked(
             chunk_tokens=chunk_tokens,
             eval_hashes=eval_hashes,
             sync=sync,
+            chat=plan.get("kind") in (CHAT, PREFERENCE),
         )
         for s in todo
     ]
@@ -564,6 +700,7 @@ def _finalise(path, plan, shards, done, elapsed, tokenizer, files) -> TokenStore
             skipped[k] += v
     meta = {
         "format": FORMAT,
+        **({"kind": plan["kind"]} if "kind" in plan else {}),
         "tokenizer": plan["tokenizer"],
         "sources": plan["sources"],
         "decontaminate": plan["decontaminate"],

@@ -10,6 +10,14 @@ A `PackedDataset` turns a `TokenStore` into fixed-length sequences:
 * global row `g = step * batch_size + r` is sequence `g % Q` of epoch `g // Q` (Q sequences per
   epoch). A batch is therefore a pure function of (store, config, seed, step), whatever the
   number of processes asking for its rows; there is no iterator state to checkpoint.
+
+On a chat store (`TokenStore.has_loss_mask`) only `mode="document"` is allowed and a
+conversation is never split: one longer than `seq_len` is dropped or truncated at a turn end
+(`overlong`), and `loss_mask` comes from the stored per-token mask.
+
+On a preference store (`TokenStore.is_preference`) each pair is packed whole into one row and
+split there into two segments, chosen then rejected; batches also carry `pair_ids` and
+`is_chosen`. A pair longer than `seq_len` is dropped and counted (`overlong["dropped"]`).
 """
 
 from __future__ import annotations
@@ -18,13 +26,29 @@ from typing import NamedTuple
 
 import numpy as np
 
-from meltemi.data._packing import pack_ffd, pack_next_fit, padding_fraction
+from meltemi.data._packing import (
+    OVERLONG,
+    conversation_weights,
+    fit_conversations,
+    pack_ffd,
+    pack_next_fit,
+    padding_fraction,
+)
 from meltemi.data._store import TokenStore
 from meltemi.data.permutation import FeistelPermutation, derive_seed
 
-__all__ = ["PACKINGS", "PackedDataset", "Piece", "batch_rows", "packing_options"]
+__all__ = [
+    "LOSS_AVERAGES",
+    "OVERLONG",
+    "PACKINGS",
+    "PackedDataset",
+    "Piece",
+    "batch_rows",
+    "packing_options",
+]
 
 PACKINGS = ("stream", "whole_documents")
+LOSS_AVERAGES = ("token", "conversation")
 
 
 def packing_options(packing: str, *, field: str = "data.packing") -> dict:
@@ -99,9 +123,11 @@ def assemble(
     rows: int,
     seq_len: int,
     pad_id: int,
+    mask_flat: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Builds the batch arrays from pieces (`row`, `row_offset`, `length`, sorted by row then
-    row offset) and their tokens, concatenated in piece order."""
+    row offset) and their tokens, concatenated in piece order; `mask_flat` (the stored loss
+    mask of those tokens, chat stores) keeps loss only where the target token has it."""
     tokens = np.full((rows, seq_len), pad_id, np.int32)
     segment_ids = np.zeros((rows, seq_len), np.int32)
     positions = np.zeros((rows, seq_len), np.int32)
@@ -117,12 +143,49 @@ def assemble(
     same[:, :-1] = (segment_ids[:, 1:] == segment_ids[:, :-1]) & (segment_ids[:, :-1] > 0)
     targets = np.full((rows, seq_len), pad_id, np.int32)
     targets[:, :-1] = np.where(same[:, :-1], tokens[:, 1:], pad_id)
+    loss_mask = same.astype(np.float32)
+    if mask_flat is not None:  # position i predicts token i + 1: the target's own mask counts
+        stored = np.zeros((rows, seq_len), np.float32)
+        if len(length):
+            stored.reshape(-1)[to] = mask_flat
+        loss_mask[:, :-1] *= stored[:, 1:]
     return {
         "tokens": tokens,
         "targets": targets,
-        "loss_mask": same.astype(np.float32),
+        "loss_mask": loss_mask,
         "segment_ids": segment_ids,
         "positions": positions,
+    }
+
+
+def split_pairs(
+    row: np.ndarray,
+    doc: np.ndarray,
+    offset: np.ndarray,
+    length: np.ndarray,
+    row_offset: np.ndarray,
+    chosen_length: np.ndarray,
+) -> tuple[np.ndarray, ...]:
+    """Pieces that are whole pairs, each cut into its chosen and its rejected conversation
+    (two adjacent pieces of the same row, chosen first)."""
+    c = np.asarray(chosen_length, np.int64)
+    two = lambda a, b: np.stack([a, b], axis=1).reshape(-1)  # noqa: E731
+    return (
+        np.repeat(row, 2),
+        np.repeat(doc, 2),
+        two(offset, offset + c),
+        two(c, length - c),
+        two(row_offset, row_offset + c),
+    )
+
+
+def pair_arrays(segment_ids: np.ndarray) -> dict[str, np.ndarray]:
+    """`pair_ids` (1, 2, ... per pair in a row, 0 on padding) and `is_chosen` (1 on the chosen
+    conversation's tokens) of rows whose segments are chosen, rejected, chosen, ..."""
+    seg = np.asarray(segment_ids, np.int32)
+    return {
+        "pair_ids": ((seg + 1) // 2).astype(np.int32),
+        "is_chosen": ((seg % 2) == 1).astype(np.int32),
     }
 
 
@@ -141,10 +204,23 @@ class PackedDataset:
             "ffd" (first-fit-decreasing within windows of `pack_window` documents: much less
             padding; `padding_fraction` reports it).
         pack_window: documents per first-fit-decreasing window.
+        overlong: chat stores: a conversation longer than `seq_len` is "drop"ped or
+            "truncate"d at its last turn end that fits (dropped if none fits); never cut
+            mid-turn. `overlong` counts them: `{"dropped": n, "truncated": n}`.
+        loss_average: chat stores: "token" (every trained token weighs 1) or "conversation"
+            (`loss_mask` holds weights summing to 1 per conversation, so that
+            `sum(loss * w) / sum(w)` is the mean of per-conversation mean losses).
+
+    On a preference store each row holds whole pairs, each as two segments (chosen, then
+    rejected: segment ids 1, 2 for the first pair, 3, 4 for the second, ...), and batches
+    also carry `pair_ids` (int32, 1, 2, ... per pair in the row, 0 on padding) and
+    `is_chosen` (int32, 1 on the chosen conversation); `loss_mask` covers the replies only.
+    Pairs longer than `seq_len` are dropped (`overlong["dropped"]` counts them).
 
     Each batch is a dict of numpy arrays of shape (rows, seq_len): `tokens`, `targets` (the next
     token in the same document piece, else pad), `loss_mask` (float32, 1 where `targets` is
-    real), `segment_ids` (1, 2, ... per piece, 0 on padding) and `positions` (within a piece).
+    real; on a chat store, also only where the target token carries loss), `segment_ids`
+    (1, 2, ... per piece, 0 on padding) and `positions` (within a piece).
     """
 
     def __init__(
@@ -158,7 +234,10 @@ class PackedDataset:
         pad_id: int | None = None,
         packing: str = "next_fit",
         pack_window: int = 1024,
+        overlong: str = "drop",
+        loss_average: str = "token",
     ):
+        self._check_chat_options(store, mode, overlong, loss_average)
         if mode not in ("stream", "document"):
             raise ValueError(f"PackedDataset(mode={mode!r}): use 'stream' or 'document'")
         if packing not in ("next_fit", "ffd"):
@@ -175,6 +254,10 @@ class PackedDataset:
         self.mode = mode
         self.packing = packing
         self.pack_window = pack_window
+        self.overlong_policy = overlong
+        self.loss_average = loss_average
+        #: Conversations longer than `seq_len` (chat stores), one epoch: dropped / truncated.
+        self.overlong = {"dropped": 0, "truncated": 0}
         self.pad_id = int(store.metadata["tokenizer"]["pad_id"] if pad_id is None else pad_id)
         self.document_order = FeistelPermutation(store.num_documents, derive_seed(seed, 0))
         self._order = self.document_order(np.arange(store.num_documents))  # doc at position p
@@ -190,6 +273,23 @@ class PackedDataset:
             self.num_sequences = total // seq_len
             self._lengths_in_order = lengths
         else:
+            if store.has_loss_mask:  # whole conversations (or pairs): every length <= seq_len
+                order = self._order
+                lengths, self.overlong = fit_conversations(
+                    lengths, lambda p: store.turn_ends(int(order[p])), seq_len, overlong
+                )
+                if not lengths.any():
+                    what = "pair" if store.is_preference else "conversation"
+                    raise ValueError(
+                        f"PackedDataset(seq_len={seq_len}, overlong={overlong!r}): every "
+                        f"{what} of the store at {store.path} is longer than seq_len "
+                        f"and was dropped; use a longer seq_len"
+                        + (
+                            " or overlong='truncate'"
+                            if overlong == "drop" and not store.is_preference
+                            else ""
+                        )
+                    )
             if packing == "ffd":
                 self._plan = pack_ffd(lengths, seq_len, pack_window)
             else:
@@ -197,6 +297,40 @@ class PackedDataset:
             self.num_sequences = self._plan.num_sequences
             self._pieces_by_pos: np.ndarray | None = None
         self._epoch_perms: dict[int, FeistelPermutation] = {}
+
+    @staticmethod
+    def _check_chat_options(store: TokenStore, mode: str, overlong: str, loss_average: str) -> None:
+        """Chat-only options, and the packing a chat store needs, checked with their fix."""
+        if overlong not in OVERLONG:
+            raise ValueError(
+                f"PackedDataset(overlong={overlong!r}): use one of {list(OVERLONG)} (what "
+                f"happens to a conversation longer than seq_len)"
+            )
+        if loss_average not in LOSS_AVERAGES:
+            raise ValueError(
+                f"PackedDataset(loss_average={loss_average!r}): use one of {list(LOSS_AVERAGES)}"
+            )
+        if store.has_loss_mask and mode != "document":
+            raise ValueError(
+                f"PackedDataset(mode={mode!r}): the store at {store.path} holds conversations, "
+                f"which are packed whole; use mode='document' (e.g. packing='ffd')"
+            )
+        if store.is_preference and overlong != "drop":
+            raise ValueError(
+                f"PackedDataset(overlong={overlong!r}): the store at {store.path} holds "
+                f"preference pairs, which are never truncated (a pair without its rejected "
+                f"reply is no pair); use overlong='drop' (dropped pairs are counted)"
+            )
+        if store.is_preference and loss_average != "token":
+            raise ValueError(
+                f"PackedDataset(loss_average={loss_average!r}): the store at {store.path} "
+                f"holds preference pairs, whose losses sum per reply; use loss_average='token'"
+            )
+        if loss_average == "conversation" and not store.has_loss_mask:
+            raise ValueError(
+                f"PackedDataset(loss_average='conversation'): the store at {store.path} is a "
+                f"text store (no conversations); use loss_average='token'"
+            )
 
     def __repr__(self) -> str:
         return (
@@ -276,7 +410,21 @@ class PackedDataset:
         indices = np.asarray(indices, np.int64).reshape(-1)
         row, doc, offset, length, row_offset = self._piece_arrays(self._packed_of(indices))
         flat = self.store.read_flat(doc, offset, offset + length)
-        return assemble(row, row_offset, length, flat, len(indices), self.seq_len, self.pad_id)
+        if not self.store.has_loss_mask:
+            return assemble(row, row_offset, length, flat, len(indices), self.seq_len, self.pad_id)
+        if self.store.is_preference:  # each pair piece becomes its two conversations
+            row, doc, offset, length, row_offset = split_pairs(
+                row, doc, offset, length, row_offset, self.store.pair_splits(doc)
+            )
+        masks = self.store.read_mask_flat(doc, offset, offset + length)
+        out = assemble(
+            row, row_offset, length, flat, len(indices), self.seq_len, self.pad_id, masks
+        )
+        if self.store.is_preference:
+            out.update(pair_arrays(out["segment_ids"]))
+        if self.loss_average == "conversation":
+            out["loss_mask"] = conversation_weights(out["loss_mask"], out["segment_ids"])
+        return out
 
     def batch(self, step: int, process_index: int = 0, process_count: int = 1) -> dict:
         """The rows of `step` owned by `process_index` (of `process_count`); see class doc."""

@@ -96,6 +96,22 @@ def _check_same_tokens(components: Mapping[str, PackedDataset]) -> None:
                 f"{tok['vocab_size']}, fingerprint {tok['fingerprint'][:12]}), so one batch "
                 f"would mix two id spaces; build every component's store with one tokenizer"
             )
+        average, ref_average = (getattr(d, "loss_average", "token") for d in (ds, ref))
+        if average != ref_average:
+            raise ValueError(
+                f"MixtureDataset: components {first!r} (loss_average={ref_average!r}) and "
+                f"{name!r} (loss_average={average!r}) weigh their tokens differently, so "
+                f"one batch's loss would mix two averages; pass the same "
+                f"PackedDataset(loss_average=...) to every component"
+            )
+        pairs, ref_pairs = (d.store.metadata.get("kind") == "preference" for d in (ds, ref))
+        if pairs != ref_pairs:
+            named = {True: "preference pairs", False: "no preference pairs"}
+            raise ValueError(
+                f"MixtureDataset: component {first!r} holds {named[ref_pairs]} and {name!r} "
+                f"holds {named[pairs]}, so their rows cannot share one loss; mix preference "
+                f"stores only with preference stores"
+            )
         if ds.pad_id != ref.pad_id:
             raise ValueError(
                 f"MixtureDataset: components {first!r} and {name!r} pad with different ids "
@@ -111,7 +127,10 @@ class MixtureDataset:
     rounded to multiples of 1/65,536), whatever the batch size or its schedule.
 
     Args:
-        components: name -> dataset; all must share `seq_len`, tokenizer and pad id.
+        components: name -> dataset; all must share `seq_len`, tokenizer, pad id and
+            `loss_average`. Chat and text components mix: a chat row's `loss_mask` keeps
+            only its trained tokens, a text row's every real target. Preference components
+            mix only with each other (their rows carry `pair_ids` and `is_chosen`).
         weights: name -> weight, or stages `[(start_step, {name: weight}), ...]` (the first
             stage starts at step 0; from `start_step` on, that stage's weights apply).
             Weights are finite and >= 0 with a positive sum; they need not sum to 1.

@@ -3,15 +3,30 @@ within windows of consecutive documents.
 
 Both cut only documents of at least `seq_len` tokens (into `seq_len`-token pieces plus the
 rest), so every piece fits a row; a plan lists the pieces of each packed sequence.
+
+Conversations (chat stores) are never cut: `fit_conversations` first drops each one longer
+than a row, or truncates it at its last turn end that fits, so every length is at most
+`seq_len` and the packers place each conversation whole in one row.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["DocumentPlan", "pack_ffd", "pack_next_fit", "padding_fraction"]
+__all__ = [
+    "OVERLONG",
+    "DocumentPlan",
+    "conversation_weights",
+    "fit_conversations",
+    "pack_ffd",
+    "pack_next_fit",
+    "padding_fraction",
+]
+
+OVERLONG = ("drop", "truncate")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,3 +181,59 @@ def padding_fraction(plan: DocumentPlan, seq_len: int) -> float:
     """The share of row tokens that are padding."""
     rows = plan.num_sequences
     return 1.0 - float(plan.length.sum()) / (rows * seq_len) if rows else 0.0
+
+
+def fit_conversations(
+    lengths: np.ndarray,
+    turn_ends: Callable[[int], np.ndarray],
+    seq_len: int,
+    overlong: str,
+) -> tuple[np.ndarray, dict[str, int]]:
+    """Lengths to pack so that no conversation is cut mid-turn, and what that cost.
+
+    A conversation of at most `seq_len` tokens keeps its length. A longer one is dropped
+    (length 0: no piece) with `overlong="drop"`; with `"truncate"` it keeps its tokens up to
+    its last turn end `<= seq_len`, and is dropped when even its first turn does not fit.
+
+    Args:
+        lengths: tokens per conversation.
+        turn_ends: `turn_ends(i)`, the offsets just after each assistant turn of conversation
+            `i` (ascending); asked only of conversations longer than `seq_len`.
+        seq_len: tokens per row.
+        overlong: "drop" or "truncate".
+
+    Returns:
+        (new lengths, `{"dropped": n, "truncated": n}`).
+
+    >>> ends = [np.array([3, 5]), np.array([4, 9]), np.array([10, 12])]
+    >>> fit_conversations(np.array([5, 9, 12]), ends.__getitem__, 8, "truncate")
+    (array([5, 4, 0]), {'dropped': 1, 'truncated': 1})
+    """
+    if overlong not in OVERLONG:
+        raise ValueError(f"overlong={overlong!r}: use one of {list(OVERLONG)}")
+    out = np.asarray(lengths, np.int64).copy()
+    over = np.flatnonzero(out > seq_len)
+    truncated = 0
+    for i in over.tolist():
+        ends = np.asarray(turn_ends(i), np.int64)
+        fit = ends[ends <= seq_len]
+        if overlong == "truncate" and len(fit):
+            out[i] = fit[-1]
+            truncated += 1
+        else:
+            out[i] = 0
+    return out, {"dropped": len(over) - truncated, "truncated": truncated}
+
+
+def conversation_weights(loss_mask: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
+    """Rescales a (rows, seq_len) 0/1 loss mask so that each segment's weights sum to 1.
+
+    With whole conversations as segments, `sum(loss * w) / sum(w)` is then the mean over
+    conversations of each one's mean loss (a segment without trained tokens weighs nothing).
+    """
+    mask = np.asarray(loss_mask, np.float32)
+    rows, seq_len = mask.shape
+    key = (np.arange(rows, dtype=np.int64)[:, None] * (seq_len + 1) + segment_ids).reshape(-1)
+    per = np.bincount(key, weights=mask.reshape(-1), minlength=rows * (seq_len + 1))
+    denom = np.maximum(per[key], 1.0).reshape(rows, seq_len)
+    return (mask / denom).astype(np.float32)

@@ -146,7 +146,7 @@ def _expand_url(pattern: str) -> list[str]:
     return sorted(fs.unstrip_protocol(f) for f in found if not fs.isdir(f))
 
 
-def _expand(patterns: Sequence[str]) -> list[str]:
+def expand_paths(patterns: Sequence[str]) -> list[str]:
     """Files matching `patterns` (files, directories, globs, URLs), each once, in order."""
     files: list[str] = []
     seen: set[str] = set()
@@ -360,7 +360,7 @@ class TextFiles(Source):
         object.__setattr__(self, "paths", tuple(os.fspath(p) for p in self.paths))
 
     def files(self) -> list[str]:
-        return self._check_files(_expand(self.paths), self.paths)
+        return self._check_files(expand_paths(self.paths), self.paths)
 
     def read(self, path: str) -> Iterator[RawDocument]:
         yield from _read_text(path, os.path.relpath(path, self.root) if self.root else path)
@@ -384,7 +384,7 @@ class JsonlFiles(Source):
         return {"text_key": self.text_key}
 
     def files(self) -> list[str]:
-        return self._check_files(_expand(self.paths), self.paths)
+        return self._check_files(expand_paths(self.paths), self.paths)
 
     def read(self, path: str) -> Iterator[RawDocument]:
         return _read_jsonl(path, self.text_key)
@@ -405,7 +405,7 @@ class ParquetFiles(Source):
         return {"column": self.column}
 
     def files(self) -> list[str]:
-        return self._check_files(_expand(self.paths), self.paths)
+        return self._check_files(expand_paths(self.paths), self.paths)
 
     def read(self, path: str) -> Iterator[RawDocument]:
         return _read_parquet(path, self.column, self.name)
@@ -441,7 +441,7 @@ class Files(Source):
         return {"text_key": self.text_key, "column": self.column}
 
     def files(self) -> list[str]:
-        return self._check_files(_expand(self.paths), self.paths)
+        return self._check_files(expand_paths(self.paths), self.paths)
 
     def read(self, path: str) -> Iterator[RawDocument]:
         kind = file_format(path)

@@ -8,6 +8,19 @@ Layout of a store directory (local path, or a `gs://`/`s3://` URL tensorstore ca
     shards/00007/tokens/    zarr3 array [n_tokens] uint16|uint32, chunked, zstd
     shards/00007/offsets/   zarr3 array [n_docs + 1] int64: document d is tokens[o[d]:o[d+1]]
     shards/00007/locations.json   where each document came from (file:line)
+
+A chat store (`meta.json` "kind": "chat", built from a source with `encode`) also holds, per
+shard:
+
+    shards/00007/loss_mask/     zarr3 array [n_tokens] uint8: 1 where the token carries loss
+    shards/00007/turn_ends/     zarr3 array [n_turn_ends] int64: offsets inside the document
+                                just after each assistant turn (a conversation may be cut there)
+    shards/00007/turn_offsets/  zarr3 array [n_docs + 1] int64: document d's turn ends are
+                                turn_ends[t[d]:t[d+1]]
+
+A preference store ("kind": "preference", built from `meltemi.data.chat.PreferenceFiles`) has
+the same arrays; each document is a pair, the chosen conversation then the rejected one, and
+its two turn ends are where each ends (`TokenStore.pair_splits` gives the first).
 """
 
 from __future__ import annotations
@@ -25,6 +38,8 @@ from meltemi.data._tokenizer import Tokenizer
 __all__ = ["SourcesChangedError", "StoreError", "TokenStore", "TokenizerMismatchError"]
 
 FORMAT = "meltemi-token-store/1"
+CHAT = "chat"  # meta.json "kind" of a chat store (a text store has no "kind")
+PREFERENCE = "preference"  # meta.json "kind" of a preference store (pairs of conversations)
 
 # `read_flat`'s choice between slice reads of merged spans (ranges less than a zarr chunk
 # apart share one read) and one index-array read, in seconds (measured on a 2-core VM: a
@@ -165,8 +180,34 @@ class TokenStore:
             lo, hi = self._shard_first_doc[s], self._shard_first_doc[s + 1]
             seg = self.document_lengths[lo:hi]
             self._doc_starts[lo:hi] = np.cumsum(seg) - seg
+        self._masks: list = []
+        self._turn_ends = np.zeros(0, np.int64)
+        self._turn_start = np.zeros(len(self.document_lengths) + 1, np.int64)
+        if self.has_loss_mask:
+            self._open_chat(base, context)
         self._locations: dict[int, list[str]] = {}
         self._merge_gap = int(metadata.get("options", {}).get("chunk_tokens", 1 << 15))
+
+    def _open_chat(self, base, context) -> None:
+        """Opens the loss masks and reads every document's turn ends (a few per document)."""
+        futures = [
+            ts.open(zarr_spec(base, f"shards/{s['id']:05d}/loss_mask"), open=True, context=context)
+            for s in self.metadata["shards"]
+        ]
+        self._masks = [f.result() for f in futures]
+        ends, counts = [], []
+        for shard in self.metadata["shards"]:
+            if shard["documents"] == 0:
+                continue
+            name = f"shards/{shard['id']:05d}"
+            t = ts.open(zarr_spec(base, name + "/turn_offsets"), open=True).result().read()
+            e = ts.open(zarr_spec(base, name + "/turn_ends"), open=True).result().read()
+            t = t.result().astype(np.int64)
+            ends.append(e.result().astype(np.int64))
+            counts.append(np.diff(t))
+        if ends:
+            self._turn_ends = np.concatenate(ends)
+            self._turn_start = np.concatenate([[0], np.cumsum(np.concatenate(counts))])
 
     @classmethod
     def open(
@@ -222,6 +263,31 @@ class TokenStore:
     @property
     def vocab_size(self) -> int:
         return int(self.metadata["tokenizer"]["vocab_size"])
+
+    @property
+    def has_loss_mask(self) -> bool:
+        """True for a chat or preference store: per-token loss masks and turn ends are stored."""
+        return self.metadata.get("kind") in (CHAT, PREFERENCE)
+
+    @property
+    def is_preference(self) -> bool:
+        """True for a preference store: each document is a chosen then a rejected conversation."""
+        return self.metadata.get("kind") == PREFERENCE
+
+    def pair_splits(self, documents) -> np.ndarray:
+        """Tokens of the chosen conversation of each pair `documents[i]` (int64): the rejected
+        one is the rest of the document. Preference stores only.
+
+        Raises:
+            StoreError: the store is not a preference store.
+        """
+        if not self.is_preference:
+            raise StoreError(
+                f"TokenStore.pair_splits: the store at {self.path} holds no preference pairs; "
+                f"build it from meltemi.data.chat.PreferenceFiles"
+            )
+        docs = np.asarray(documents, np.int64).reshape(-1)
+        return self._turn_ends[self._turn_start[docs]].copy()
 
     @property
     def skipped(self) -> dict[str, int]:
@@ -296,10 +362,44 @@ class TokenStore:
         (short documents scattered over a large shard) one index-array read fetches exactly
         the tokens needed; all reads run concurrently.
         """
+        return self._read_ranges(self._tokens, np.int32, documents, starts, stops)
+
+    def read_mask_flat(self, documents, starts, stops) -> np.ndarray:
+        """The loss masks (uint8, 1 = the token carries loss) of token ranges, concatenated;
+        batched like `read_flat`.
+
+        Raises:
+            StoreError: the store is not a chat store (it has no masks).
+        """
+        self._need_chat("read_mask_flat")
+        return self._read_ranges(self._masks, np.uint8, documents, starts, stops)
+
+    def loss_mask(self, document: int) -> np.ndarray:
+        """The loss mask of one document (uint8, one per token); chat stores only."""
+        d = self._check_doc(document)
+        return self.read_mask_flat([d], [0], [int(self.document_lengths[d])])
+
+    def turn_ends(self, document: int) -> np.ndarray:
+        """Token offsets inside `document` just after each assistant turn (int64, ascending):
+        where a conversation may be cut. Chat stores only."""
+        self._need_chat("turn_ends")
+        d = self._check_doc(document)
+        return self._turn_ends[self._turn_start[d] : self._turn_start[d + 1]].copy()
+
+    def _need_chat(self, what: str) -> None:
+        if not self.has_loss_mask:
+            raise StoreError(
+                f"TokenStore.{what}: the store at {self.path} is a text store (no loss masks or "
+                f"turn ends); build it from a chat source (one with encode(), e.g. "
+                f"meltemi.data.chat.ChatFiles)"
+            )
+
+    def _read_ranges(self, arrays: list, dtype, documents, starts, stops) -> np.ndarray:
+        """`read_flat` over one per-shard array list (`_tokens` or `_masks`)."""
         docs = np.asarray(documents, np.int64).reshape(-1)
         starts = np.asarray(starts, np.int64).reshape(-1)
         n = np.asarray(stops, np.int64).reshape(-1) - starts
-        out = np.empty(int(n.sum()), np.int32)
+        out = np.empty(int(n.sum()), dtype)
         if not len(out):
             return out
         shards = self._shard_of(docs)
@@ -316,7 +416,7 @@ class TokenStore:
             span_lo, span_hi = a[heads], np.maximum.reduceat(b, heads)
             tokens = int(n[sel].sum())
             slices = len(heads) * _SLICE_COST + int((span_hi - span_lo).sum()) * _SPAN_TOKEN_COST
-            arr = self._tokens[s]
+            arr = arrays[s]
             if slices <= _INDEX_COST + tokens * _INDEX_TOKEN_COST:
                 futures = [
                     arr[x:y].read() for x, y in zip(span_lo.tolist(), span_hi.tolist(), strict=True)

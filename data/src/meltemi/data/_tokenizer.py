@@ -6,6 +6,7 @@ import abc
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable
 
 import numpy as np
@@ -53,6 +54,28 @@ class Tokenizer(abc.ABC):
     def decode(self, ids: Iterable[int] | np.ndarray) -> str:
         """Text of `ids` (special tokens dropped)."""
 
+    @property
+    def bos_token(self) -> str | None:
+        """The bos token's string (None when there is none)."""
+        return None
+
+    @property
+    def eos_token(self) -> str | None:
+        """The eos token's string (None when there is none)."""
+        return None
+
+    def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """(ids int32[n], offsets int64[n, 2]) of `text`, special-token strings becoming their ids.
+
+        This is how chat text is tokenized: a rendered template writes its control tokens
+        (`<|im_end|>`, `{{ eos_token }}`) as strings. `offsets[i]` is the `[start, end)` range of
+        characters of `text` that token `i` covers (the char-to-token map of chat loss masks).
+        """
+        raise TokenizerError(
+            f"{type(self).__name__} cannot tokenize chat text: implement encode_with_offsets, "
+            f"or use HfTokenizer or ByteTokenizer"
+        )
+
     @abc.abstractmethod
     def fingerprint(self) -> str:
         """A hex digest identifying the exact token mapping."""
@@ -61,10 +84,15 @@ class Tokenizer(abc.ABC):
 class ByteTokenizer(Tokenizer):
     """UTF-8 bytes as tokens 0..255, then bos=256, eos=257, pad=258 (vocab 259).
 
+    In chat text (`encode_with_offsets`) the strings `<bos>` and `<eos>` are the bos and eos
+    ids, so a byte-level chat model can learn to stop; `encode` keeps them as bytes.
+
     >>> tok = ByteTokenizer()
     >>> ids = tok.encode("héllo")
     >>> ids.tolist(), tok.decode(ids), tok.vocab_size
     ([104, 195, 169, 108, 108, 111], 'héllo', 259)
+    >>> tok.encode_with_offsets("é<eos>")[0].tolist()
+    [195, 169, 257]
     """
 
     @property
@@ -91,6 +119,30 @@ class ByteTokenizer(Tokenizer):
         arr = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids)
         return bytes(arr[arr < 256].astype(np.uint8)).decode("utf-8", errors="replace")
 
+    @property
+    def bos_token(self) -> str:
+        return "<bos>"
+
+    @property
+    def eos_token(self) -> str:
+        return "<eos>"
+
+    def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        specials = {self.bos_token: self.bos_id, self.eos_token: self.eos_id}
+        ids: list[int] = []
+        offsets: list[tuple[int, int]] = []
+        for m in _BYTE_SPECIALS.finditer(text):
+            start = m.start()
+            if m.group() in specials:
+                ids.append(specials[m.group()])
+                offsets.append((start, m.end()))
+                continue
+            for k, ch in enumerate(m.group()):  # each byte of a character covers that character
+                data = ch.encode("utf-8", errors="surrogatepass")
+                ids.extend(data)
+                offsets.extend([(start + k, start + k + 1)] * len(data))
+        return np.asarray(ids, np.int32), np.asarray(offsets, np.int64).reshape(-1, 2)
+
     def fingerprint(self) -> str:
         return hashlib.sha256(b"meltemi.ByteTokenizer/v1:bos=256,eos=257,pad=258").hexdigest()
 
@@ -102,6 +154,9 @@ class ByteTokenizer(Tokenizer):
 
     def __repr__(self) -> str:
         return "ByteTokenizer()"
+
+
+_BYTE_SPECIALS = re.compile(r"<bos>|<eos>|(?:(?!<bos>|<eos>).)+", re.DOTALL)
 
 
 def _tokenizers():
@@ -239,6 +294,13 @@ class HfTokenizer(Tokenizer):
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, np.int32)
+
+    def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        # The `tokenizers` encoding `transformers` uses: added tokens in the text are matched,
+        # offsets are characters (post-processor trimming included, as `char_to_token` sees them).
+        enc = self._tok.encode(text, add_special_tokens=False)
+        offsets = np.asarray(enc.offsets, np.int64).reshape(-1, 2)
+        return np.asarray(enc.ids, np.int32), offsets
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         encs = self._tok.encode_batch(texts, add_special_tokens=False)

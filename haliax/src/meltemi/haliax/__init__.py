@@ -14,7 +14,11 @@ Array([5., 5., 5.], dtype=float32)
 """
 
 from meltemi.haliax import (
+    axis,
+    core,
     debug,
+    haxtyping,
+    jax_utils,
     nn,
     partitioning,
     quantization,
@@ -101,6 +105,10 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__",
     "Axis",
+    "axis",
+    "core",
+    "haxtyping",
+    "jax_utils",
     "AxisError",
     "AxisNotFoundError",
     "AxisSelection",

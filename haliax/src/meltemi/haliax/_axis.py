@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
 import numpy as np
@@ -131,15 +131,25 @@ def axis_size(ax: AxisSpec) -> int:
     return math.prod(a.size for a in ax)
 
 
-def selects_axis(selection: AxisSelection, selector: AxisSelector) -> bool:
-    """Whether `selector` (by name, and size when given) is part of `selection`."""
-    name = axis_name(selector)
-    for a in _as_tuple(selection):
-        if axis_name(a) == name:
-            if isinstance(a, Axis) and isinstance(selector, Axis) and a.size != selector.size:
-                return False
-            return True
-    return False
+def _sizes(axes: AxisSelection | Mapping[str, int | None]) -> dict[str, int | None]:
+    if isinstance(axes, Mapping):
+        return dict(axes)
+    return {axis_name(a): a.size if isinstance(a, Axis) else None for a in _as_tuple(axes)}  # type: ignore[misc]
+
+
+def selects_axis(selection: AxisSelection, selector: AxisSelection) -> bool:
+    """Whether every axis of `selector` (by name, and size where both give one) is in `selection`.
+
+    >>> selects_axis((Axis("a", 2), "b"), ("b", Axis("a", 2))), selects_axis("a", Axis("a", 3))
+    (True, True)
+    """
+    have = _sizes(selection)
+    for name, size in _sizes(selector).items():
+        if name not in have:
+            return False
+        if size is not None and have[name] is not None and have[name] != size:
+            return False
+    return True
 
 
 def check_axes_match(a: Axis, b: Axis, context: str = "") -> None:

@@ -42,6 +42,7 @@ from meltemi.haliax._axis import (
     selects_axis,
     without_axes,
 )
+from meltemi.haliax._axis_specs import rearrange_for_partial_order
 from meltemi.haliax._typing import parse_axes_spec
 
 __all__ = [
@@ -194,6 +195,18 @@ class NamedArray:
             check_axes_match(ax, self.axes[i])
         return i
 
+    def axis_indices(self, ax: AxisSelection) -> int | None | tuple[int | None, ...]:
+        """Haliax's lookup: the position of an axis (None if absent), or a tuple for several.
+
+        An `Axis` whose name is present with another size raises AxisSizeMismatchError.
+        """
+        if isinstance(ax, Axis | str):
+            i = self._lookup_index(axis_name(ax))  # type: ignore[arg-type]
+            if i is not None and isinstance(ax, Axis):
+                check_axes_match(ax, self.axes[i])
+            return i
+        return tuple(self.axis_indices(a) for a in ax)  # type: ignore[misc]
+
     def has_axis(self, ax: AxisSelection) -> bool:
         """Whether every axis in `ax` is present (by name)."""
         return all(self._lookup_index(axis_name(a)) is not None for a in _as_tuple(ax))  # type: ignore[arg-type]
@@ -228,7 +241,8 @@ class NamedArray:
         return self.array
 
     def __bool__(self):
-        return bool(self.scalar())
+        # as Haliax and JAX: any single-element array (axes of size 1 too) has a truth value
+        return bool(self.array)
 
     def __len__(self):
         if not self.axes:
@@ -245,8 +259,10 @@ class NamedArray:
     def rename(self, renames: Mapping[AxisSelector, AxisSelector]) -> NamedArray:
         return rename(self, renames)
 
-    def rearrange(self, axes: Sequence[AxisSelector | Any]) -> NamedArray:
-        return rearrange(self, axes)
+    def rearrange(self, axes: Sequence[AxisSelector | Any] | str, **bindings: Any) -> NamedArray:
+        """Reorders axes (`("c", ...)`) or applies a pattern (`"b (h d) -> b h d"`); see
+        `hax.rearrange`."""
+        return _hax._einops.rearrange(self, axes, **bindings)
 
     def broadcast_axis(self, axis: AxisSpec) -> NamedArray:
         return broadcast_axis(self, axis)
@@ -511,7 +527,7 @@ def is_named_array(x: Any) -> bool:
     return isinstance(x, NamedArray)
 
 
-def named(a: Any, axes: AxisSelection) -> NamedArray:
+def named(a: Any, axis: AxisSelection) -> NamedArray:
     """Names the dimensions of `a`. Names given as strings take their size from `a`.
 
     >>> import jax.numpy as jnp
@@ -519,7 +535,7 @@ def named(a: Any, axes: AxisSelection) -> NamedArray:
     (Axis(name='batch', size=2), Axis(name='embed', size=3))
     """
     a = jnp.asarray(a)
-    sel = _as_tuple(axes)
+    sel = _as_tuple(axis)
     if len(sel) != a.ndim:
         raise AxisSizeMismatchError(
             f"named: array of shape {a.shape} has {a.ndim} dimensions but {len(sel)} axes were "
@@ -563,10 +579,12 @@ def _resolve_order(array: NamedArray, axes: Sequence[Any]) -> list[int]:
     """Permutation for `rearrange`: names in order, `...` for the remaining axes."""
     axes = list(axes)
     n_ellipsis = sum(1 for a in axes if a is Ellipsis)
-    if n_ellipsis > 1:
-        raise ValueError("rearrange: at most one `...` is allowed")
     explicit = [array.axis_index(a) for a in axes if a is not Ellipsis]
     _check_unique([array.axes[i].name for i in explicit], "rearrange")
+    if n_ellipsis > 1:  # several `...`: Haliax's greedy partial order
+        names = [a if a is Ellipsis else array.axes[array.axis_index(a)].name for a in axes]
+        order = rearrange_for_partial_order(names, tuple(a.name for a in array.axes))
+        return [array.axis_index(n) for n in order]
     if n_ellipsis == 0:
         if len(explicit) != array.ndim:
             missing = [a.name for i, a in enumerate(array.axes) if i not in explicit]

@@ -29,6 +29,7 @@ from meltemi.haliax._core import (
     axis_name,
     check_axes_match,
 )
+from meltemi.haliax._einsum import einsum  # Haliax's einsum (positional sides, `{...}` names)
 
 __all__ = ["dot", "einsum"]
 
@@ -142,107 +143,30 @@ def _dot_general_2(arrays, contract, kept, all_axes, dot_general, precision) -> 
 
 
 def _order_out(kept: list[str], out_axes: Sequence[Any]) -> list[str]:
+    """Orders the result axes by a partial order with `...` slots (Haliax's greedy placement).
+
+    An axis not named in `out_axes` goes into the first `...` slot after the last named axis
+    seen so far in `kept`'s order, so `(..., D, H, ...)` over `[H, W, D]` gives `[D, H, W]`.
+    """
     explicit = [axis_name(a) for a in out_axes if a is not Ellipsis]
     for n in explicit:
         if n not in kept:
             raise AxisNotFoundError(f"out_axes: axis {n!r} is not in the result axes {kept}")
+    if len(set(explicit)) != len(explicit):
+        raise AxisError(f"out_axes {explicit} names an axis twice")
     if Ellipsis not in out_axes:
         if set(explicit) != set(kept):
             raise AxisError(f"out_axes {explicit} must list every result axis {kept} (or use ...)")
-        return explicit  # type: ignore[return-value]
-    rest = [n for n in kept if n not in explicit]
-    k = list(out_axes).index(Ellipsis)
-    return explicit[:k] + rest + explicit[k:]  # type: ignore[operator]
-
-
-def _parse_side(side: str) -> list[str]:
-    side = side.replace("...", " ... ")
-    return side.split()
-
-
-def einsum(
-    equation: str,
-    *arrays: NamedArray,
-    precision: Any = None,
-    preferred_element_type: Any = None,
-    **axis_aliases: AxisSelection,
-) -> NamedArray:
-    """Einstein summation with axis names as the indices.
-
-    Forms:
-      * `"batch embed, embed mlp -> batch mlp"`: names per operand (`...` matches the rest);
-      * `"-> batch mlp"`: keep only the listed axes, contract every other one;
-      * `"{embed} -> ..."` or `"{embed}"`: contract the braced axes, keep the others.
-    Keyword arguments alias names used in the equation to real axis names.
-
-    >>> import meltemi.haliax as hax
-    >>> A, B = Axis("a", 2), Axis("b", 3)
-    >>> einsum("-> b", hax.ones((A, B)), hax.ones(A)).shape
-    {'b': 3}
-    >>> einsum("{a}", hax.ones((A, B)), hax.ones(A)).shape
-    {'b': 3}
-    """
-    for a in arrays:
-        if not isinstance(a, NamedArray):
-            raise TypeError(f"einsum: expected NamedArrays, got {type(a).__name__}")
-
-    def alias(n: str) -> str:
-        if n == "...":
-            return n
-        return axis_name(axis_aliases[n]) if n in axis_aliases else n  # type: ignore[return-value]
-
-    if "->" in equation:
-        lhs, rhs = equation.split("->")
-        rhs_names = [alias(n) for n in _parse_side(rhs)]
-    else:
-        lhs, rhs_names = equation, None
-    lhs = lhs.strip()
-    if lhs.startswith("{"):
-        if not lhs.endswith("}"):
-            raise ValueError(f"einsum: unbalanced braces in {equation!r}")
-        contracted = [alias(n) for n in lhs[1:-1].split()]
-        out_axes = None if rhs_names is None or rhs_names == ["..."] else rhs_names
-        return dot(
-            *arrays,
-            axis=tuple(contracted),
-            precision=precision,
-            preferred_element_type=preferred_element_type,
-            out_axes=out_axes,
-        )
-    if rhs_names is None:
-        raise ValueError(f"einsum: equation {equation!r} needs '->' (or the '{{axes}}' form)")
-    if not lhs:
-        letters, all_axes = _letters_for(arrays)
-        for n in rhs_names:
-            if n not in all_axes:
-                raise AxisNotFoundError(f"einsum: output axis {n!r} is not in any operand")
-        out = _einsum_raw(arrays, rhs_names, letters, precision, preferred_element_type)
-        return NamedArray(out, tuple(all_axes[n] for n in rhs_names))
-    specs = [s for s in lhs.split(",")]
-    if len(specs) != len(arrays):
-        raise ValueError(f"einsum: equation has {len(specs)} operands, got {len(arrays)} arrays")
-    ellipsis_axes: list[str] = []
-    for spec, arr in zip(specs, arrays):
-        names = [alias(n) for n in _parse_side(spec)]
-        explicit = [n for n in names if n != "..."]
-        for n in explicit:
-            arr.axis_index(n)
-        if "..." not in names and len(explicit) != arr.ndim:
-            raise AxisError(
-                f"einsum: operand spec {spec.strip()!r} does not name every axis of "
-                f"{_fmt_axes(arr.axes)}; list them all or add '...'"
-            )
-        for a in arr.axes:
-            if a.name not in explicit and a.name not in ellipsis_axes:
-                ellipsis_axes.append(a.name)
-    letters, all_axes = _letters_for(arrays)
-    out_names: list[str] = []
-    for n in rhs_names:
-        if n == "...":
-            out_names.extend(x for x in ellipsis_axes if x not in rhs_names)
-        elif n not in all_axes:
-            raise AxisNotFoundError(f"einsum: output axis {n!r} is not in any operand")
+        return explicit
+    slots: list[list[str]] = [[] if a is Ellipsis else [axis_name(a)] for a in out_axes]
+    empty = [i for i, a in enumerate(out_axes) if a is Ellipsis]
+    target = empty[0]
+    for n in kept:
+        if n in explicit:
+            pos = next(i for i, sl in enumerate(slots) if out_axes[i] is not Ellipsis and sl == [n])
+            later = [i for i in empty if i >= max(pos + 1, target)]
+            if later:
+                target = later[0]
         else:
-            out_names.append(n)
-    out = _einsum_raw(arrays, out_names, letters, precision, preferred_element_type)
-    return NamedArray(out, tuple(all_axes[n] for n in out_names))
+            slots[target].append(n)
+    return [n for sl in slots for n in sl]

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
+from meltemi.haliax._axis_specs import rearrange_for_partial_order
 from meltemi.haliax._core import (
     Axis,
     AxisError,
@@ -44,10 +45,9 @@ from meltemi.haliax._core import (
     unflatten_axis,
 )
 from meltemi.haliax._core import rearrange as _rearrange_axes
+from meltemi.haliax._parsing import Expression, parse_rearrangement
 
 __all__ = ["rearrange", "repeat", "tile", "unflatten"]
-
-_TOKEN = re.compile(r"\s*(->|\.\.\.|[(){}:,]|[A-Za-z_][A-Za-z0-9_]*)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,52 +62,21 @@ def _fail(pattern: str, why: str) -> AxisError:
     return AxisError(f"rearrange pattern {pattern!r}: {why}")
 
 
-def _tokens(side: str, pattern: str) -> list[str]:
-    out, pos = [], 0
-    side = side.strip()
-    while pos < len(side):
-        m = _TOKEN.match(side, pos)
-        if m is None:
-            raise _fail(pattern, f"cannot read {side[pos:]!r}")
-        out.append(m.group(1))
-        pos = m.end()
-        while pos < len(side) and side[pos].isspace():
-            pos += 1
-    return [t for t in out if t != ","]
-
-
-def _parse_side(side: str, pattern: str) -> tuple[list[Any], bool]:
-    """Elements (identifier, `...`, `_Group`) of one side; whether it is `{unordered}`."""
-    toks = _tokens(side, pattern)
-    unordered = bool(toks) and toks[0] == "{"
-    if unordered:
-        if toks[-1] != "}":
-            raise _fail(pattern, "an unordered side opens with '{' and must close with '}'")
-        toks = toks[1:-1]
-    elems: list[Any] = []
-    i = 0
-    while i < len(toks):
-        t = toks[i]
-        if t == "(":
-            close = toks.index(")", i) if ")" in toks[i:] else -1
-            if close < 0:
-                raise _fail(pattern, "unclosed '('")
-            inner = toks[i + 1 : close]
-            name = None
-            if len(inner) >= 2 and inner[1] == ":":
-                name, inner = inner[0], inner[2:]
-            if any(not p.isidentifier() for p in inner):
-                raise _fail(pattern, f"a group holds identifiers only, got {inner}")
-            elems.append(_Group(name, tuple(inner)))
-            i = close + 1
-        elif t == "..." or t.isidentifier():
-            elems.append(t)
-            i += 1
+def _elements(side: Expression) -> list[Any]:
+    """Identifiers (str), `...`, and `_Group`s of one parsed side."""
+    out: list[Any] = []
+    for c in side.captures:
+        if c is Ellipsis:
+            out.append("...")
+        elif len(c.axes) == 1 and c.binding == c.axes[0]:
+            out.append(c.axes[0])
         else:
-            raise _fail(pattern, f"unexpected {t!r}")
-    if elems.count("...") > 1:
-        raise _fail(pattern, "at most one '...' per side")
-    return elems, unordered
+            out.append(_Group(c.binding, c.axes))
+    return out
+
+
+def _idents(el: Any) -> tuple[str, ...]:
+    return el.parts if isinstance(el, _Group) else (el,)
 
 
 def _bound_axis(ident: str, size: int, bindings: Mapping[str, Any]) -> Axis:
@@ -131,107 +100,140 @@ def _split(
     if len(unknown) > 1:
         raise _fail(
             pattern,
-            f"splitting {axis.name!r} ({axis.size}) into {parts} needs the sizes of all but one "
-            f"part; pass e.g. {parts[unknown[0]]}=...",
+            f"Sizes for splitting {axis.name!r} ({axis.size}) into {parts} are ambiguous: "
+            f"give all but one as keyword arguments, e.g. {parts[unknown[0]]}=...",
         )
-    if unknown:
-        if known == 0 or axis.size % known:
-            raise _fail(pattern, f"{axis.name!r} of size {axis.size} is not divisible by {known}")
-        sizes[unknown[0]] = axis.size // known
-    if math.prod(sizes) != axis.size:  # type: ignore[arg-type]
+    if known == 0 or axis.size % known or (not unknown and known != axis.size):
         raise _fail(
             pattern,
-            f"parts {dict(zip(parts, sizes, strict=True))} multiply to "
-            f"{math.prod(sizes)}, not {axis.name!r}'s {axis.size}",  # type: ignore[arg-type]
+            f"parts {dict(zip(parts, sizes, strict=True))} do not divide evenly into axis "
+            f"{axis.name!r} of size {axis.size}",
         )
+    if unknown:
+        sizes[unknown[0]] = axis.size // known
     return [(p, _bound_axis(p, s, bindings)) for p, s in zip(parts, sizes, strict=True)]  # type: ignore[arg-type]
 
 
-def _rearrange_pattern(array: NamedArray, pattern: str, bindings: Mapping[str, Any]) -> NamedArray:
-    if pattern.count("->") != 1:
-        raise _fail(pattern, "needs exactly one '->'")
-    lhs_s, rhs_s = pattern.split("->")
-    lhs, unordered = _parse_side(lhs_s, pattern)
-    rhs, rhs_unordered = _parse_side(rhs_s, pattern)
-    if rhs_unordered:
-        raise _fail(pattern, "the right side is always ordered")
-    # 1. bind every input axis to atoms: (variable, Axis) pairs, in input order.
+def _bind_lhs(
+    array: NamedArray, lhs: list[Any], unordered: bool, bindings: Mapping[str, Any], pattern: str
+) -> list[list[tuple[str | None, Axis]]]:
+    """The atoms (identifier, Axis) each input axis is split into, in input order."""
     per_axis: list[list[tuple[str | None, Axis]] | None] = [None] * array.ndim
+    seen: set[str] = set()
+
+    def bind(i: int, el: Any) -> None:
+        if per_axis[i] is not None:
+            raise _fail(pattern, f"Axis {array.axes[i]} is bound more than once")
+        for ident in _idents(el):
+            if ident in seen:
+                raise _fail(pattern, f"Capture {ident} is assigned more than once on the left")
+            seen.add(ident)
+        ax = array.axes[i]
+        per_axis[i] = (
+            _split(ax, el.parts, bindings, pattern) if isinstance(el, _Group) else [(el, ax)]
+        )
+
     if unordered:
         for el in lhs:
             if el == "...":
                 continue
             name = el.name if isinstance(el, _Group) else el
             if name is None:
-                raise _fail(pattern, "a split in {...} must name its axis: (name: a b)")
+                raise _fail(
+                    pattern, "Unordered axes must be bound by name, e.g. (a: b c) or just a"
+                )
             alias = bindings.get(name)
-            i = array.axis_index(axis_name(alias) if isinstance(alias, (str, Axis)) else name)
-            ax = array.axes[i]
-            per_axis[i] = (
-                _split(ax, el.parts, bindings, pattern) if isinstance(el, _Group) else [(el, ax)]
-            )
+            real = axis_name(alias) if isinstance(alias, str | Axis) else name
+            if not any(a.name == real for a in array.axes):
+                raise _fail(pattern, f"Could not resolve axis {real}: the array has {array.axes}")
+            bind(array.axis_index(real), el)
     else:
-        n_named = len([e for e in lhs if e != "..."])
-        if n_named > array.ndim or ("..." not in lhs and n_named != array.ndim):
+        if lhs.count("...") > 1:
+            raise _fail(pattern, "Only one ellipsis allowed on the left")
+        named = [e for e in lhs if e != "..."]
+        if "..." not in lhs and len(named) > array.ndim:
+            raise _fail(pattern, f"Too many axes in lhs: {len(named)} for {array.axes}")
+        if "..." not in lhs and len(named) < array.ndim:
             raise _fail(
                 pattern,
-                f"the left side names {n_named} axes, the array has {array.ndim}: {array.axes}",
+                f"Not all axes are bound, use ... to skip missing axes: {len(named)} names "
+                f"for {array.axes}",
             )
         dots = lhs.index("...") if "..." in lhs else len(lhs)
-        positions = list(range(dots)) + list(range(array.ndim - (len(lhs) - dots - 1), array.ndim))
-        for el, i in zip([e for e in lhs if e != "..."], positions, strict=True):
-            ax = array.axes[i]
-            per_axis[i] = (
-                _split(ax, el.parts, bindings, pattern) if isinstance(el, _Group) else [(el, ax)]
-            )
-    atoms: list[tuple[str | None, Axis]] = []
-    for i, bound in enumerate(per_axis):
-        atoms += bound if bound is not None else [(None, array.axes[i])]  # `...` atoms
-    variables = [v for v, _ in atoms if v is not None]
-    if len(set(variables)) != len(variables):
-        raise _fail(pattern, f"an identifier is bound twice on the left: {variables}")
+        head, tail = named[:dots], named[dots:]
+        if len(head) > array.ndim:
+            raise _fail(pattern, f"Too many axes in lhs: {len(head)} for {array.axes}")
+        for i, el in enumerate(head):
+            bind(i, el)
+        for i, el in reversed(
+            list(zip(range(array.ndim - len(tail), array.ndim), tail, strict=True))
+        ):
+            if i < 0:
+                raise _fail(pattern, f"Too many axes in lhs: {len(named)} for {array.axes}")
+            bind(i, el)
+    return [b if b is not None else [(None, array.axes[i])] for i, b in enumerate(per_axis)]
+
+
+def _rearrange_pattern(array: NamedArray, pattern: str, bindings: Mapping[str, Any]) -> NamedArray:
+    if pattern.count("->") != 1:
+        raise _fail(pattern, "needs exactly one '->'")
+    try:
+        lhs_e, rhs_e = parse_rearrangement(pattern)
+    except ValueError as e:
+        raise _fail(pattern, str(e)) from None
+    lhs, rhs = _elements(lhs_e), _elements(rhs_e)
+    # 1. bind every input axis to atoms: (variable, Axis) pairs, in input order.
+    atoms = [
+        a for group in _bind_lhs(array, lhs, not lhs_e.is_ordered, bindings, pattern) for a in group
+    ]
     index = {v: k for k, (v, _) in enumerate(atoms) if v is not None}
-    # 2. the right side, as groups of atom indices.
+    # 2. the right side: a partial order of atoms, `...` for the atoms not named.
     used: list[int] = []
-    out: list[Any] = []
+    partial: list[Any] = []
+    out_axis_of_first: dict[int, Axis] = {}
     for el in rhs:
         if el == "...":
-            out.append("...")
+            partial.append(Ellipsis)
             continue
-        idents = el.parts if isinstance(el, _Group) else (el,)
-        for ident in idents:
-            if ident not in index:
-                raise _fail(
-                    pattern, f"{ident!r} on the right is not bound on the left ({variables})"
-                )
         if isinstance(el, _Group) and el.name is None:
             raise _fail(
-                pattern, f"merged axes need a name: ({'_'.join(el.parts)}: {' '.join(el.parts)})"
+                pattern,
+                f"All rhs axes must have a name: use ({'_'.join(el.parts)}: {' '.join(el.parts)})",
             )
-        used += [index[i] for i in idents]
-        out.append((el, [index[i] for i in idents]))
-    if len(set(used)) != len(used):
-        raise _fail(pattern, "an identifier appears twice on the right")
-    rest = [k for k in range(len(atoms)) if k not in used]
-    if rest and "..." not in out:
-        names = [atoms[k][1].name for k in rest]
-        raise _fail(pattern, f"axes {names} are not on the right side; add '...' to keep them")
-    # 3. reshape into atoms, transpose, reshape into the output axes.
-    data = jnp.reshape(array.array, tuple(ax.size for _, ax in atoms))
-    order: list[int] = []
-    new_axes: list[Axis] = []
-    for item in out:
-        if item == "...":
-            order += rest
-            new_axes += [atoms[k][1] for k in rest]
-            continue
-        el, ks = item
-        order += ks
+        ks = []
+        for ident in _idents(el):
+            if ident not in index:
+                raise _fail(pattern, f"Axis {ident} is not bound on the lhs ({sorted(index)})")
+            if index[ident] in used:
+                raise _fail(pattern, f"Axis {ident} is used more than once on the right")
+            ks.append(index[ident])
+        used += ks
+        partial += [str(k) for k in ks]
         if isinstance(el, _Group):
             name = bindings.get(el.name, el.name)
-            new_axes.append(Axis(axis_name(name), math.prod(atoms[k][1].size for k in ks)))
+            out_axis_of_first[ks[0]] = Axis(
+                axis_name(name), math.prod(atoms[k][1].size for k in ks)
+            )
         else:
-            new_axes.append(atoms[ks[0]][1])
+            out_axis_of_first[ks[0]] = atoms[ks[0]][1]
+    rest = [k for k in range(len(atoms)) if k not in used]
+    if rest and Ellipsis not in partial:
+        names = [atoms[k][1].name for k in rest]
+        raise _fail(
+            pattern, f"Not all intermediate axes are used: {names}; use ... to insert unused axes"
+        )
+    # 3. reshape into atoms, transpose, reshape into the output axes (Haliax's greedy order).
+    order = [
+        int(k)
+        for k in rearrange_for_partial_order(partial, tuple(str(k) for k in range(len(atoms))))
+    ]
+    new_axes: list[Axis] = []
+    for k in order:
+        if k not in used:
+            new_axes.append(atoms[k][1])
+        elif k in out_axis_of_first:
+            new_axes.append(out_axis_of_first[k])
+    data = jnp.reshape(array.array, tuple(ax.size for _, ax in atoms))
     data = jnp.reshape(jnp.transpose(data, order), tuple(a.size for a in new_axes))
     return NamedArray(data, tuple(new_axes))
 
@@ -260,33 +262,58 @@ def rearrange(array: NamedArray, axes: Any, **bindings: Any) -> NamedArray:
     return _rearrange_axes(array, axes)
 
 
-def repeat(array: NamedArray, repeats: int, axis: AxisSelector) -> NamedArray:
-    """`jnp.repeat` along one axis: each element `repeats` times in a row; the axis keeps its
-    name and grows.
+def repeat(
+    array: NamedArray,
+    repeats: int | jax.Array,
+    axis: AxisSelector,
+    total_repeat_length: int | None = None,
+) -> NamedArray:
+    """`jnp.repeat` along one axis: each element `repeats` times in a row (an int, or one count
+    per element); the axis keeps its name and takes the new size.
 
+    Args:
+        array: the array.
+        repeats: how often to repeat each element along `axis`.
+        axis: the axis to repeat along.
+        total_repeat_length: the result size, needed under `jit` when `repeats` is an array.
+
+    >>> import jax.numpy as jnp
     >>> import meltemi.haliax as hax
     >>> repeat(hax.arange(hax.Axis("pos", 3)), 2, "pos").array.tolist()
     [0, 0, 1, 1, 2, 2]
+    >>> repeat(hax.arange(hax.Axis("pos", 2)), jnp.array([1, 2]), "pos").axes
+    (Axis(name='pos', size=3),)
     """
     i = array.axis_index(axis)
-    ax = array.axes[i]
-    out = jnp.repeat(array.array, repeats, axis=i)
-    return NamedArray(out, array.axes[:i] + (ax.resize(ax.size * repeats),) + array.axes[i + 1 :])
+    out = jnp.repeat(array.array, repeats, axis=i, total_repeat_length=total_repeat_length)
+    new_axis = array.axes[i].resize(out.shape[i])
+    return NamedArray(out, array.axes[:i] + (new_axis,) + array.axes[i + 1 :])
 
 
 def tile(array: NamedArray, reps: Mapping[AxisSelector, int]) -> NamedArray:
     """`jnp.tile` by axis: the whole array is repeated `reps[axis]` times along each axis
-    named (axes keep their names and grow).
+    named (axes keep their names and grow); an axis `array` does not have is added in front,
+    with size `reps[axis]`, as Haliax does.
 
     >>> import meltemi.haliax as hax
     >>> tile(hax.arange(hax.Axis("pos", 3)), {"pos": 2}).array.tolist()
     [0, 1, 2, 0, 1, 2]
+    >>> tile(hax.arange(hax.Axis("pos", 2)), {"rows": 3}).axes
+    (Axis(name='rows', size=3), Axis(name='pos', size=2))
     """
     counts = [1] * array.ndim
+    new_axes: list[Axis] = []
     for ax, n in reps.items():
-        counts[array.axis_index(ax)] = int(n)
-    new_axes = tuple(a.resize(a.size * n) for a, n in zip(array.axes, counts, strict=True))
-    return NamedArray(jnp.tile(array.array, counts), new_axes)
+        name = axis_name(ax)
+        if any(a.name == name for a in array.axes):
+            counts[array.axis_index(name)] = int(n)
+        else:
+            new_axes.append(Axis(name, int(n)))  # type: ignore[arg-type]
+    counts = [a.size for a in new_axes] + counts
+    grown = tuple(
+        a.resize(a.size * n) for a, n in zip(array.axes, counts[len(new_axes) :], strict=True)
+    )
+    return NamedArray(jnp.tile(array.array, counts), tuple(new_axes) + grown)
 
 
 unflatten = unflatten_axis

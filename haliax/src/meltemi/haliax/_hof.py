@@ -13,6 +13,7 @@ Array([3., 3.], dtype=float32)
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -29,13 +30,23 @@ from meltemi.haliax._core import (
     axis_name,
     is_named_array,
 )
-from meltemi.haliax._remat import RematSpec, ScanCheckpointPolicy
+from meltemi.haliax._remat import (
+    RematSpec,
+    ScanCheckpointPolicy,
+    multilevel_scan,
+    tree_checkpoint_name,
+)
 
 __all__ = ["vmap", "scan", "fold", "map"]
 
 
 def _is_array(x: Any) -> bool:
     return isinstance(x, jax.Array | np.ndarray) and not isinstance(x, NamedArray)
+
+
+def _is_shaped_array(x: Any) -> bool:
+    """An unnamed array with at least one dimension (scan slices these; scalars are shared)."""
+    return _is_array(x) and np.ndim(x) > 0
 
 
 def _zero_if_array_else_none(x: Any):
@@ -189,16 +200,81 @@ def vmap(
     return mapped
 
 
-def _scan_split(axis: AxisSelector, args, kwargs, is_scanned):
+def _scan_split(axis: AxisSelector, args, kwargs, is_scanned, f: Callable | None = None):
     name = axis_name(axis)
     split = _Split((args, kwargs), name, lambda x: 0 if is_scanned(x) else None)  # type: ignore
     ax = _infer_size(axis, split.leaves)
     split.check_size(ax)
+    _check_leading_sizes(ax, split, args, kwargs, f)
     xs = []
     for kind, arr in zip([k for k in split.kinds if k[0] != "fixed"], split.mapped):
         i = kind[1]
         xs.append(arr if i == 0 else jnp.moveaxis(arr, i, 0))
     return split, ax, xs
+
+
+def _check_leading_sizes(ax: Axis, split: _Split, args, kwargs, f: Callable | None) -> None:
+    """Names each scanned unnamed array whose leading dimension is not `ax.size` (Haliax's
+    message: "y has leading dimension 1", with the argument's name and pytree path)."""
+    paths = [
+        p
+        for p, _ in jax.tree_util.tree_flatten_with_path((args, kwargs), is_leaf=is_named_array)[0]
+    ]
+    bad = [
+        (path, np.shape(leaf)[0])
+        for path, leaf, kind in zip(paths, split.leaves, split.kinds)
+        if kind[0] == "raw" and np.ndim(leaf) > 0 and np.shape(leaf)[0] != ax.size
+    ]
+    if not bad:
+        return
+    names = _positional_names(f, len(args)) if f is not None else {}
+    details = ", ".join(f"{_format_path(p, names)} has leading dimension {n}" for p, n in bad)
+    raise ValueError(
+        f"scan over axis {ax.name!r} got `length` argument of {ax.size} but some inputs had "
+        f"different leading axis sizes: {details}; give them a leading dimension of {ax.size} "
+        f"or pass them as NamedArrays without {ax.name!r} (or set is_scanned) to share them"
+    )
+
+
+def _positional_names(f: Callable, n_args: int) -> dict[int, str]:
+    """Argument index (after the carry) -> parameter name of `f`, where it can be read."""
+    try:
+        params = list(inspect.signature(f).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return {}
+    out: dict[int, str] = {}
+    for p in params:
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            out[len(out)] = p.name
+        elif p.kind == p.VAR_POSITIONAL:
+            base = len(out)
+            for i in range(base, n_args):
+                out[i] = f"{p.name}[{i - base}]"
+            break
+    return out
+
+
+def _format_path(path: tuple, names: dict[int, str]) -> str:
+    tu = jax.tree_util
+    parts: list[str] = []
+    rest = path
+    if len(path) >= 2 and isinstance(path[0], tu.SequenceKey):
+        if path[0].idx == 0 and isinstance(path[1], tu.SequenceKey):  # positional argument
+            parts.append(names.get(path[1].idx, f"[{path[1].idx}]"))
+            rest = path[2:]
+        elif path[0].idx == 1 and isinstance(path[1], tu.DictKey):  # keyword argument
+            parts.append(str(path[1].key))
+            rest = path[2:]
+    for p in rest:
+        if isinstance(p, tu.GetAttrKey):
+            parts.append("." + p.name)
+        elif isinstance(p, tu.DictKey):
+            parts.append(f"[{p.key!r}]")
+        elif isinstance(p, tu.SequenceKey):
+            parts.append(f"[{p.idx}]")
+        else:
+            parts.append(str(p))
+    return "".join(parts).lstrip(".") or "<root>"
 
 
 def _match_carry(new: Any, old: Any) -> Any:
@@ -219,14 +295,16 @@ def scan(
     remat: RematSpec = False,
     reverse: bool = False,
     unroll: int = 1,
-    is_scanned: Callable[[Any], bool] = _is_array,
+    is_scanned: Callable[[Any], bool] = _is_shaped_array,
 ) -> Callable:
     """`lax.scan` over a named axis: returns `g(init, *args, **kwargs) -> (carry, ys)`.
 
     `f(carry, *args, **kwargs) -> (carry, y)`. Arguments that are NamedArrays with `axis` are
     sliced along it; unnamed arrays are sliced along their leading dimension when
-    `is_scanned(leaf)`; everything else is passed whole to every step. NamedArrays in `y` are
-    stacked with `axis` first. `remat` is a ScanCheckpointPolicy, a bool, or a kind string.
+    `is_scanned(leaf)` (by default: those with at least one dimension); everything else is
+    passed whole to every step. NamedArrays in `y` are stacked with `axis` first. `remat` is a
+    ScanCheckpointPolicy, a bool, or a kind string. An unnamed scanned array whose leading
+    dimension is not the axis size is a ValueError naming its argument and pytree path.
 
     Args:
         f: `f(carry, *args, **kwargs) -> (carry, y)`.
@@ -237,22 +315,34 @@ def scan(
         is_scanned: which unnamed leaves are sliced along their leading dim.
     """
     policy = ScanCheckpointPolicy.from_bool_or_str(remat).resolved()
+    carry_name = f"scan({axis_name(axis)})__carry"
+    input_name = f"scan({axis_name(axis)})__input"
 
     def scanned(init, *args, **kwargs):
-        split, ax, xs = _scan_split(axis, args, kwargs, is_scanned)
+        split, ax, xs = _scan_split(axis, args, kwargs, is_scanned, f)
         outs = _Outputs()
 
         def body(carry, x):
-            a, kw = split.rebuild(list(x))
-            new_carry, y = f(carry, *a, **kw)
+            x = tree_checkpoint_name(list(x), input_name)
+            carry = tree_checkpoint_name(carry, carry_name)
+            a, kw = split.rebuild(x)
+            result = f(carry, *a, **kw)
+            if not isinstance(result, tuple | list) or len(result) != 2:
+                raise ValueError(
+                    f"scan: f must return a pair (carry, y), got {type(result).__name__}; "
+                    f"use hax.fold for a function that returns only the carry"
+                )
+            new_carry, y = result
             return _match_carry(new_carry, carry), outs.flatten(y)
 
-        body = policy.wrap_body(body)
-
-        def run(init, xs):
-            return jax.lax.scan(body, init, xs, length=ax.size, reverse=reverse, unroll=unroll)
-
-        carry, ys = policy.wrap_scan(run)(init, xs)
+        body = policy.checkpoint(carry_name, input_name, body)
+        outer = policy.outer_block_size(ax.size)
+        if outer is not None:
+            carry, ys = multilevel_scan(
+                body, init, xs, outer, ax.size, reverse=reverse, unroll=unroll
+            )
+        else:
+            carry, ys = jax.lax.scan(body, init, xs, length=ax.size, reverse=reverse, unroll=unroll)
         return carry, outs.unflatten(ys, ax)
 
     return scanned
@@ -265,7 +355,7 @@ def fold(
     remat: RematSpec = False,
     reverse: bool = False,
     unroll: int = 1,
-    is_scanned: Callable[[Any], bool] = _is_array,
+    is_scanned: Callable[[Any], bool] = _is_shaped_array,
 ) -> Callable:
     """Like `scan` for `fn(carry, *args, **kwargs) -> carry`: returns `g(init, ...) -> carry`.
 
@@ -289,7 +379,7 @@ def fold(
     return folded
 
 
-def map(fn: Callable, axis: AxisSelector, *, is_scanned=_is_array) -> Callable:
+def map(fn: Callable, axis: AxisSelector, *, is_scanned=_is_shaped_array) -> Callable:
     """Sequential map over a named axis (`lax.map`): like `vmap` but one slice at a time."""
 
     def step(carry, *args, **kwargs):

@@ -522,12 +522,15 @@ def array_equal(a: NamedArray, b: NamedArray) -> bool:
 
 
 def array_equiv(a: NamedArray, b: NamedArray) -> bool:
-    """Whether `a` and `b` broadcast together by name and are then equal everywhere.
+    """Whether one of `a`, `b` has all the other's axes and they are equal after broadcasting.
 
     >>> A, B = Axis("a", 3), Axis("b", 5)
     >>> array_equiv(ones((A, B)), ones(B)), array_equiv(ones(A), ones(A.resize(4)))
     (True, False)
     """
+    na, nb = {x.name for x in a.axes}, {x.name for x in b.axes}
+    if not (na <= nb or nb <= na):  # Haliax broadcasts only when one's axes contain the other's
+        return False
     try:
         axes, (ra, rb) = _raw_operands(a, b)
     except AxisError:
@@ -638,13 +641,18 @@ def top_k(array: NamedArray, axis: AxisSelector, k: int, new_axis: AxisSelector 
 
 
 def _along(fn):
-    def wrapped(array: NamedArray, axis: AxisSelector, *args, **kwargs) -> NamedArray:
+    def wrapped(array: NamedArray, axis: AxisSelector | None, *args, **kwargs) -> Any:
+        if axis is None:  # as in Haliax: over the flattened array, an unnamed result
+            return fn(array.array, *args, axis=None, **kwargs)
         i = array.axis_index(axis)
         return NamedArray(fn(array.array, *args, axis=i, **kwargs), array.axes)
 
     wrapped.__name__ = fn.__name__
     wrapped.__qualname__ = fn.__name__
-    wrapped.__doc__ = f"`jnp.{fn.__name__}` along a named axis."
+    wrapped.__doc__ = (
+        f"`jnp.{fn.__name__}` along a named axis (`axis=None`: the flattened array, unnamed); "
+        "keyword arguments such as `dtype=` go to JAX."
+    )
     return wrapped
 
 
@@ -670,14 +678,16 @@ def _tri(fn):
             raise TypeError(
                 f"{fn.__name__} needs two axes: {fn.__name__}(x, RowAxis, ColAxis, k=0)"
             )
+        # Haliax returns the (row, col) axes last, in the order the mask was built
         moved = array.rearrange((..., axis1, axis2))
-        return NamedArray(fn(moved.array, k=k), moved.axes).rearrange([a.name for a in array.axes])
+        return NamedArray(fn(moved.array, k=k), moved.axes)
 
     wrapped.__name__ = fn.__name__
     wrapped.__qualname__ = fn.__name__
     keep = "below" if fn.__name__ == "tril" else "above"
     wrapped.__doc__ = (
-        f"`jnp.{fn.__name__}` over the (row, column) axes `axis1`, `axis2`, offset by `k`.\n\n"
+        f"`jnp.{fn.__name__}` over the (row, column) axes `axis1`, `axis2`, offset by `k`; the\n"
+        "    result has the other axes first, then `axis1`, `axis2` (as in Haliax).\n\n"
         "    Args:\n"
         "        array: the array; its other axes are batch axes.\n"
         "        axis1: the row axis (or, in the older form, a `(row, col)` pair).\n"

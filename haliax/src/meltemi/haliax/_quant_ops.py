@@ -95,11 +95,21 @@ def _fp8_max(dtype: Any) -> jax.Array:
     return jnp.asarray(jnp.finfo(dtype).max, jnp.float32)
 
 
+def compute_scale(amax: Any, scale: Any, fp8_max: Any, margin: int = 0) -> jax.Array:
+    """The delayed-scaling FP8 scale `amax * 2**margin / fp8_max` (the old `scale` where `amax`
+    is 0 or not finite), as Transformer Engine's `update_fp8_metas` computes it.
+
+    >>> float(compute_scale(jnp.float32(448.0), jnp.float32(1.0), 448.0)), float(
+    ...     compute_scale(jnp.float32(0.0), jnp.float32(3.0), 448.0))
+    (1.0, 3.0)
+    """
+    new = amax * (2.0**margin) / fp8_max
+    return jnp.where((amax > 0.0) & jnp.isfinite(amax), new, scale)
+
+
 def _new_scale(amax_history: jax.Array, scale: jax.Array, fp8_dtype: Any) -> jax.Array:
     """`amax / fp8_max` from the largest |x| seen recently (keep the old scale if that is 0)."""
-    amax = jnp.max(amax_history)
-    new = amax / _fp8_max(fp8_dtype)
-    return jnp.where((amax > 0) & jnp.isfinite(amax), new, scale)
+    return compute_scale(jnp.max(amax_history, axis=0), scale, _fp8_max(fp8_dtype))
 
 
 def _qdq(x: jax.Array, fp8_dtype: Any, scale: jax.Array, compute_dtype: Any) -> jax.Array:

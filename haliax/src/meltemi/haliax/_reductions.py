@@ -72,6 +72,15 @@ def _make_reduction(fn: Callable, name: str, supports_where: bool = True) -> Cal
     def reduction(
         array: NamedArray, axis: AxisSelection | None = None, *, where: Any = None, **kwargs
     ) -> NamedArray:
+        if not isinstance(array, NamedArray):  # Haliax passes unnamed arrays through to jnp
+            if axis is not None:
+                raise TypeError(
+                    f"hax.{name}: axis={axis!r} names an axis but the input is an unnamed "
+                    f"{type(array).__name__}; wrap it with hax.named(array, axes) first"
+                )
+            if where is not None:
+                kwargs["where"] = where
+            return fn(array, **kwargs)
         idx = _reduce_indices(array, axis)
         arr = array.array
         if where is not None:
@@ -88,7 +97,8 @@ def _make_reduction(fn: Callable, name: str, supports_where: bool = True) -> Cal
     reduction.__qualname__ = name
     reduction.__doc__ = (
         f"`jnp.{name}` over the named axes `axis` (all axes if None). `where` (a NamedArray, "
-        f"aligned by name) masks elements out of the reduction."
+        f"aligned by name) masks elements out of the reduction. An unnamed array (with "
+        f"`axis=None`) is reduced by `jnp.{name}` and returned unnamed, as in Haliax."
     )
     return reduction
 

@@ -65,7 +65,7 @@ class NamedRef:
         if not all(isinstance(v, int | builtins.slice) for v in norm.values()):
             return None
         jidx, out_axes, _ = _plan(self._proxy(), norm)
-        return jidx, out_axes
+        return tuple(jidx), out_axes  # a Ref takes a tuple index, not a list
 
     def value(self) -> NamedArray:
         """The current contents."""

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 __all__ = [
+    "DTypeCategory",
     "NamedArrayAxes",
     "NamedArrayAxesSpec",
     "parse_axes_spec",
@@ -28,6 +29,17 @@ __all__ = [
     "ReductionFunction",
     "SimpleReductionFunction",
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class DTypeCategory:
+    """A dtype category for annotations (`Float`, `Int`): any dtype under `category` matches."""
+
+    name: str
+    category: Any
+
+    def __str__(self) -> str:
+        return self.name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +66,8 @@ class NamedArrayAxes:
     def matches(self, names: Sequence[str], dtype: Any = None) -> bool:
         """Whether an array with these axis names (and dtype) fits the annotation."""
         if self.dtype is not None and dtype is not None:
-            if not np.issubdtype(dtype, self.dtype):
+            want = self.dtype.category if isinstance(self.dtype, DTypeCategory) else self.dtype
+            if not np.issubdtype(dtype, want):
                 return False
         names = tuple(names)
         if not self.ordered:

@@ -31,6 +31,7 @@ from typing import Any, Literal, TypeAlias
 
 import equinox as eqx
 import jax
+from jax._src import mesh as _jax_mesh  # `with mesh:` blocks have no public accessor
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from meltemi.haliax._core import Axis, AxisSelector, NamedArray, axis_name, is_named_array
@@ -131,18 +132,28 @@ def make_mesh(shape: Mapping[str, int], devices: Sequence[Any] | None = None) ->
     )
 
 
+def _legacy_mesh() -> Mesh | None:
+    """The mesh of a `with mesh:` block (JAX's older context, which Haliax code still uses)."""
+    env = getattr(getattr(_jax_mesh, "thread_resources", None), "env", None)
+    m = getattr(env, "physical_mesh", None)
+    return m if m is not None and not m.empty else None
+
+
 def _mesh(mesh: Mesh | None) -> Mesh | None:
-    """The explicit mesh, else named_jit's, else `jax.set_mesh`'s (abstract inside jit)."""
+    """The explicit mesh, else named_jit's, else `jax.set_mesh`'s (abstract inside jit), else
+    that of an enclosing `with mesh:` block."""
     if mesh is not None:
         return mesh
     stack = getattr(_local, "meshes", None)
-    if stack:
+    if stack and stack[-1] is not None:
         return stack[-1]
     try:
         m = jax.sharding.get_mesh()
     except ValueError:  # inside jax.jit only the abstract mesh is visible
         m = jax.sharding.get_abstract_mesh()
-    return m if m is not None and not m.empty else None
+    if m is not None and not m.empty:
+        return m
+    return _legacy_mesh()
 
 
 def current_mesh() -> Mesh | None:
@@ -453,8 +464,22 @@ def named_jit(
             args, kwargs = shard((args, kwargs), dict(maps[1]), m, uneven=maps[3])
         return jitted(m, maps, *args, **kwargs)
 
-    call.lower = lambda *a, **k: jitted.lower(_mesh(mesh), maps_now(), *a, **k)  # type: ignore[attr-defined]
+    call.lower = lambda *a, **k: _Lowered(jitted.lower(_mesh(mesh), maps_now(), *a, **k))  # type: ignore[attr-defined]
     return call
+
+
+class _Lowered:
+    """What `named_jit(f).lower(...)` returns: equinox's `Lowered` (`.lowered`, `.compile()`),
+    which also answers the methods of JAX's `jax.stages.Lowered` (`cost_analysis`, ...) that
+    Haliax's `named_jit` returns."""
+
+    def __init__(self, eqx_lowered: Any):
+        self._eqx = eqx_lowered
+
+    def __getattr__(self, name: str) -> Any:
+        if hasattr(self._eqx, name):
+            return getattr(self._eqx, name)
+        return getattr(self._eqx.lowered, name)
 
 
 # --- Haliax's remaining partitioning names -----------------------------------------------------

@@ -164,8 +164,16 @@ def categorical(
     out_axes = tuple(a for a in logits.axes if a != ax) if shape is None else _shape(shape)[0]
     if any(a.name == ax.name for a in out_axes):
         raise AxisError(f"categorical: the sampled axis {ax.name!r} cannot be in shape {out_axes}")
-    lg = broadcast_to(logits, (*out_axes, ax))
-    out = jax.random.categorical(key, lg.array, axis=-1, shape=tuple(a.size for a in out_axes))
+    # Haliax's layout (so the same key draws the same samples): missing axes go in front; the
+    # category axis stays in place unless `shape`'s order needs a transpose, then it goes last.
+    names = {a.name for a in logits.axes}
+    full = tuple(a for a in out_axes if a.name not in names) + logits.axes
+    order = [a.name for a in full if a.name != ax.name]
+    if order != [a.name for a in out_axes]:
+        full = (*out_axes, ax)
+    lg = broadcast_to(logits, full)
+    index = [a.name for a in full].index(ax.name)
+    out = jax.random.categorical(key, lg.array, axis=index, shape=tuple(a.size for a in out_axes))
     return NamedArray(out, out_axes)
 
 

@@ -1,4 +1,4 @@
-"""Flat state dicts: `{"dotted.path": np.ndarray}` from a module and back.
+"""Flat state dicts: `{"dotted.path": array}` from a module and back.
 
 Keys follow the module's field names (`mlp.layers.0.weight`); a module can rename or drop
 fields with a `_state_dict_key_map(self) -> {field: new_name_or_None}` method (`Stacked` drops
@@ -59,7 +59,8 @@ __all__ = [
     "load_state_dict",
 ]
 
-StateDict = dict[str, np.ndarray]
+StateDict = dict[str, Any]
+"""`{"dotted.path": array}`: the module's own (jax or numpy) arrays, as Haliax returns them."""
 AxisOrder = Callable[[str, NamedArray], Sequence[str] | None]
 
 
@@ -134,10 +135,10 @@ def _collect(node: Any, prefix: str | None, walk: _Walk, out: StateDict) -> None
         return
     if isinstance(node, NamedArray):
         order = walk.axis_order(prefix or "", node) if walk.axis_order else None
-        out[prefix or ""] = np.asarray(_export(node, order).array)
+        out[prefix or ""] = _export(node, order).array
         return
     if isinstance(node, jax.Array | np.ndarray):
-        out[prefix or ""] = np.asarray(node)
+        out[prefix or ""] = node  # as it is, as Haliax does (`to_numpy_state_dict` for numpy)
         return
     if isinstance(node, Stacked) and walk.unstack:
         for i, layer in enumerate(node.unstacked()):
@@ -150,11 +151,11 @@ def _collect(node: Any, prefix: str | None, walk: _Walk, out: StateDict) -> None
             x = x.rearrange(_linear_export_order(node, x, name == "weight"))
             lead, (n_out, n_in) = _linear_flat(node, node.weight)
             shape = tuple(a.size for a in lead) + ((n_out, n_in) if name == "weight" else (n_out,))
-            out[with_prefix(prefix, name)] = np.asarray(jnp.reshape(x.array, shape))  # type: ignore
+            out[with_prefix(prefix, name)] = jnp.reshape(x.array, shape)  # type: ignore
         return
     for part, child, order in _children(node):
         if order is not None and isinstance(child, NamedArray):
-            out[with_prefix(prefix, part) or ""] = np.asarray(_export(child, order).array)
+            out[with_prefix(prefix, part) or ""] = _export(child, order).array
             continue
         _collect(child, with_prefix(prefix, part), walk, out)
 
@@ -162,7 +163,9 @@ def _collect(node: Any, prefix: str | None, walk: _Walk, out: StateDict) -> None
 def to_state_dict(
     tree: Any, prefix: str | None = None, *, axis_order: AxisOrder | None = None
 ) -> StateDict:
-    """Flattens `tree` (modules, lists, dicts, NamedArrays, arrays) to `{key: np.ndarray}`.
+    """Flattens `tree` (modules, lists, dicts, NamedArrays, arrays) to `{key: array}`.
+
+    The arrays are the tree's own (no copy to host; `to_numpy_state_dict` gathers to numpy).
 
     `axis_order(key, named_array)` may return the axis names to write an array in (None keeps
     its own order).
@@ -394,7 +397,8 @@ class ModuleWithStateDictSerialization(eqx.Module):
 
 
 def _is_serializable(x: Any) -> bool:
-    return isinstance(x, ModuleWithStateDictSerialization)
+    # duck-typed, as nn layers define the export hooks without subclassing (no import cycle)
+    return isinstance(x, eqx.Module) and hasattr(x, "flatten_for_export")
 
 
 def flatten_modules_for_export(t: Any) -> Any:
@@ -440,7 +444,8 @@ def to_numpy_state_dict(model: Any, prefix: str | None = None) -> StateDict:
             return np.asarray(multihost_utils.process_allgather(x, tiled=True))
         return x
 
-    return to_state_dict(jax.tree.map(to_host, model), prefix)
+    sd = to_state_dict(jax.tree.map(to_host, model), prefix)
+    return {k: np.asarray(v) for k, v in sd.items()}
 
 
 def save_state_dict(state_dict: Mapping[str, Any], path: str) -> None:

@@ -41,6 +41,7 @@ from meltemi.models._axes import (
     Q_HEADS_PER_GROUP,
 )
 from meltemi.models._config import ConfigError
+from meltemi.models._context_parallel import sequence_split, split_attention
 
 SPLASH_BLOCK = 128
 """Splash's query/key block: sequences must be a multiple of it (`auto` falls back to xla)."""
@@ -66,6 +67,9 @@ class MaskSpec(eqx.Module):
         kv_valid: `(batch, key_position)` bool, cache slots holding real tokens, or None.
         aligned: queries and keys are the same positions (`q_index == k_index == arange`),
             so fused kernels may use their own causal mask.
+        sequence_parallel: `ModelConfig.sequence_parallel`: with `position` split over a mesh
+            axis, self-attention runs `_context_parallel.split_attention` (the slots may then
+            be in load-balanced order; `q_index` / `k_index` hold their global positions).
     """
 
     q_index: hax.NamedArray
@@ -74,6 +78,7 @@ class MaskSpec(eqx.Module):
     kv_segment_ids: hax.NamedArray | None = None
     kv_valid: hax.NamedArray | None = None
     aligned: bool = eqx.field(static=True, default=True)
+    sequence_parallel: str = eqx.field(static=True, default="none")
 
     @staticmethod
     def self_attention(
@@ -159,6 +164,9 @@ def attention(
 ) -> hax.NamedArray:
     """Attention of `q` over `k`/`v` with the chosen backend (see the module docstring).
 
+    Self-attention whose `position` axis the active mapping splits over devices, with
+    `mask.sequence_parallel` set, runs `_context_parallel.split_attention` instead.
+
     Args:
         q: queries over `(batch, position, kv_heads, q_heads_per_group, head_size)` (any order).
         k: keys over `(batch, key_position, kv_heads, head_size)`.
@@ -176,6 +184,22 @@ def attention(
     """
     if scale is None:
         scale = q.axis_size(HEAD_SIZE) ** -0.5
+    strategy = mask.sequence_parallel
+    if mask.kv_valid is None and sequence_split(strategy, q.axis_size(POSITION)) > 1:
+        return split_attention(
+            q,
+            k,
+            v,
+            mask.q_index,
+            mask.k_index,
+            mask.segment_ids,
+            strategy=strategy,
+            window=window,
+            sliding=sliding,
+            softcap=softcap,
+            scale=scale,
+            query_block=query_block,
+        )
     kind = resolve_backend(
         backend,
         aligned=mask.aligned and mask.kv_valid is None,

@@ -20,6 +20,7 @@ MOE_DISPATCH = ("dropless", "capacity")
 LOAD_BALANCING_SCOPES = ("all_layers", "per_layer")
 EP_EXCHANGES = ("auto", "dense", "ragged")
 ATTENTION_BACKENDS = ("auto", "xla", "dot_product_attention", "splash")
+SEQUENCE_PARALLEL = ("none", "all_gather", "ring")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -380,6 +381,11 @@ class ModelConfig:
             `"dot_product_attention"` (`jax.nn.dot_product_attention`; cuDNN flash attention on
             GPU), `"splash"` (the Pallas TPU splash kernel; TPU only) or `"auto"` (splash on
             TPU, cuDNN on GPU, xla on CPU). See `meltemi.models._attention`.
+        sequence_parallel: attention when the axis mapping splits `position` over a mesh
+            axis (`{"position": "sequence"}`): `"none"` (no split expected; GSPMD decides),
+            `"all_gather"` (each device gathers all keys and values) or `"ring"` (keys and
+            values passed around the ring of devices, overlapped with compute). Causal load
+            balancing permutes the sequence once; see `meltemi.models._context_parallel`.
         sliding_window: a query attends to the keys less than this many positions before
             it (itself included), as Hugging Face's `sliding_window`; `None`: no window.
         layer_types: per layer, `"sliding_attention"` (uses `sliding_window`) or
@@ -422,6 +428,7 @@ class ModelConfig:
     attention_query_block: int | None = 512
     loss_vocab_block: int | None = 8192
     attention_backend: str = "auto"
+    sequence_parallel: str = "none"
     sliding_window: int | None = None
     layer_types: tuple[str, ...] | None = None
     attn_logit_softcap: float | None = None
@@ -584,6 +591,22 @@ class ModelConfig:
             close = difflib.get_close_matches(str(self.attention_backend), ATTENTION_BACKENDS, n=1)
             fix = f'attention_backend="{close[0]}"' if close else f"one of {ATTENTION_BACKENDS}"
             _fail("ModelConfig", "attention_backend", self.attention_backend, "unknown", fix)
+        if self.sequence_parallel not in SEQUENCE_PARALLEL:
+            close = difflib.get_close_matches(str(self.sequence_parallel), SEQUENCE_PARALLEL, n=1)
+            fix = f'sequence_parallel="{close[0]}"' if close else f"one of {SEQUENCE_PARALLEL}"
+            _fail("ModelConfig", "sequence_parallel", self.sequence_parallel, "unknown", fix)
+        if self.sequence_parallel != "none" and self.attention_backend in (
+            "splash",
+            "dot_product_attention",
+        ):
+            _fail(
+                "ModelConfig",
+                "attention_backend",
+                self.attention_backend,
+                f"sequence_parallel={self.sequence_parallel!r} runs its own blockwise XLA kernel "
+                "inside shard_map, not this fused one",
+                'attention_backend="auto" (or sequence_parallel="none")',
+            )
         if self.sliding_window is not None:
             _check_positive_ints(self, ("sliding_window",))
         if self.layer_types is not None:

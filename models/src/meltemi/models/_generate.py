@@ -15,7 +15,7 @@ a power of two that the mesh's batch split divides. The budget itself is a trace
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 import equinox as eqx
@@ -340,3 +340,162 @@ def _generate_recompute(model, prompts, max_new_tokens, sampling, eos, key, pad_
             break
         tokens[:, longest + t] = np.where(done, pad_token_id, nxt)
     return out
+
+
+# -- streaming: the same prefill and decoding step, one compiled step per token -------------------
+
+
+def _for_decoding(model: Transformer) -> Transformer:
+    """The model as `_decode_loop` rearranges it before its loop (layers unstacked, weights
+    `Out + In`): only the memory order changes, so the tokens are those of `generate`."""
+    if isinstance(model.blocks, hnn.Stacked):
+        blocks = model.blocks
+        unstacked = hnn.BlockSeq(blocks.unstacked(), blocks.Block, blocks.gradient_checkpointing)
+        model = eqx.tree_at(lambda m: m.blocks, model, unstacked)
+    return _weights_out_first(model)
+
+
+@eqx.filter_jit
+def _stream_prefill(model, tokens, pads, key, static):
+    sampling, new_bucket, cache_dtype = static
+    batch, prompt_len = tokens.shape
+    KPos = hax.Axis(KEY_POSITION, prompt_len + new_bucket)  # noqa: N806
+    valid = hax.named(
+        jnp.arange(KPos.size)[None, :] >= pads[:, None], (hax.Axis(BATCH, batch), KPos)
+    )
+    cache = tuple(
+        _values_position_last(c)
+        for c in model.init_cache(batch, KPos.size, cache_dtype, per_layer=True)
+    )
+    cache = jax.tree.map(constrain, cache, is_leaf=lambda x: isinstance(x, hax.NamedArray))
+    positions = jnp.maximum(jnp.arange(prompt_len)[None, :] - pads[:, None], 0)
+    logits, cache = model.decode(
+        _named(tokens), cache, positions=_named(positions), cache_index=0, kv_valid=valid
+    )
+    last = logits.rearrange((BATCH, POSITION, "vocab")).array[:, -1, :]
+    return sample_rows(last, key, 0, sampling), cache, valid
+
+
+# The cache and the step counter are donated: each step updates the cache in place. The
+# previous token is not (the host still reads it while this step runs).
+@eqx.filter_jit(donate="all-except-first")
+def _stream_step(consts, cache, t):
+    model, key, valid, lengths, sampling, prompt_len, token = consts
+    logits, cache = model.decode(
+        _named(token[:, None]),
+        cache,
+        positions=_named((lengths + t - 1)[:, None]),
+        cache_index=prompt_len + t - 1,
+        kv_valid=valid,
+    )
+    nxt = sample_rows(logits.rearrange((BATCH, POSITION, "vocab")).array[:, 0], key, t, sampling)
+    return nxt, cache
+
+
+class TokenStream:
+    """Generation one token at a time, for printing tokens as they are produced.
+
+    The prompt is prefilled once (one compiled program per prompt-length bucket), then each
+    new token is one compiled decoding step with the KV cache (one program per cache size:
+    prompt bucket + `bucket(max_new_tokens)`), so new lengths in a bucket never compile. The
+    steps are `generate`'s own (same padding, positions, cache layout and sampling keys): with
+    the same arguments the tokens are those of `generate`, greedy or sampled. Step `t + 1` is
+    queued before token `t` is read, so the device works while the host yields; what remains
+    is about 1 ms of dispatch per token on CPU, which the while-loop of `generate` does not pay.
+
+    Args:
+        model: the model (rearranged for decoding once, here, not at every call).
+        cache_dtype: dtype of the KV cache (see `generate`).
+
+    >>> import jax, numpy as np
+    >>> import meltemi.models as mm
+    >>> cfg = mm.get_preset("tiny-llama")
+    >>> shapes = jax.eval_shape(lambda k: mm.init(cfg, key=k), jax.random.key(0))
+    >>> rng = np.random.default_rng(0)
+    >>> model = jax.tree.map(lambda s: rng.normal(0, 0.2, s.shape).astype(s.dtype), shapes)
+    >>> from meltemi.models.chat import TokenStream
+    >>> stream = TokenStream(model)
+    >>> toks = list(stream([5, 6, 7], max_new_tokens=4, eos_token_id=None))
+    >>> toks == mm.generate(model, [[5, 6, 7]], max_new_tokens=4, eos_token_id=None)[0]
+    True
+    """
+
+    def __init__(self, model: Transformer, *, cache_dtype: Any = None):
+        if isinstance(cache_dtype, str):
+            if cache_dtype not in _CACHE_DTYPES:
+                raise ConfigError(
+                    f"TokenStream: cache_dtype={cache_dtype!r} is not one of "
+                    f"{sorted(_CACHE_DTYPES)}; e.g. cache_dtype='bfloat16'"
+                )
+            cache_dtype = _CACHE_DTYPES[cache_dtype]
+        self.config = model.config
+        self._model = _for_decoding(model)
+        self._cache_dtype = cache_dtype
+
+    def __call__(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_new_tokens: int,
+        sampling: SamplingConfig = GREEDY,
+        eos_token_id: int | Sequence[int] | None | Literal["config"] = "config",
+        key: jax.Array | None = None,
+    ) -> Iterator[int]:
+        """Yields the continuation of `prompt` token by token, the eos token included (as
+        `generate` returns it), stopping after an eos id or `max_new_tokens` tokens.
+
+        Arguments as in `generate` (one prompt). Raises `ConfigError` up front, before the
+        first token, for an empty prompt, a budget below one, a missing key or a prompt plus
+        budget longer than `max_seq_len`.
+        """
+        if len(prompt) == 0:
+            raise ConfigError("TokenStream: the prompt needs at least one token (got none)")
+        if max_new_tokens < 1:
+            raise ConfigError(f"TokenStream: max_new_tokens={max_new_tokens} must be >= 1")
+        if not sampling.greedy and key is None:
+            raise ConfigError(
+                f"TokenStream: sampling with temperature={sampling.temperature} needs key=..., "
+                "e.g. key=jax.random.key(0)"
+            )
+        if len(prompt) + max_new_tokens > self.config.max_seq_len:
+            raise ConfigError(
+                f"TokenStream: prompt length + max_new_tokens = {len(prompt) + max_new_tokens} "
+                f"exceeds the model's max_seq_len={self.config.max_seq_len}; shorten the "
+                "conversation or lower max_new_tokens"
+            )
+        eos = set(_eos_ids(self.config.eos_token_id if eos_token_id == "config" else eos_token_id))
+        return self._tokens(list(prompt), max_new_tokens, sampling, eos, key)
+
+    def _tokens(self, prompt, max_new_tokens, sampling, eos, key) -> Iterator[int]:
+        key = jax.random.key(0) if key is None else key
+        width = bucket(len(prompt))
+        tokens = np.zeros((1, width), np.int32)
+        tokens[0, width - len(prompt) :] = prompt
+        pads = np.array([width - len(prompt)], np.int32)
+        static = (sampling, bucket(max_new_tokens), self._cache_dtype)
+        token, cache, valid = _stream_prefill(self._model, tokens, pads, key, static)
+        lengths = jnp.asarray([len(prompt)], jnp.int32)
+        consts = (self._model, key, valid, lengths, sampling, width)
+        for t in range(1, max_new_tokens + 1):
+            # Queue the next step before reading this token: the device computes token t + 1
+            # while the host converts and yields token t (one step past an eos is wasted).
+            if t < max_new_tokens:
+                nxt, cache = _stream_step((*consts, token), cache, jnp.asarray(t, jnp.int32))
+            tok = int(np.asarray(token)[0])
+            yield tok
+            if tok in eos or t == max_new_tokens:
+                return
+            token = nxt
+
+
+def generate_stream(
+    model: Transformer, prompt: Sequence[int], *, max_new_tokens: int, **kwargs: Any
+) -> Iterator[int]:
+    """`TokenStream(model)(prompt, ...)`: the continuation of one prompt, token by token.
+
+    Keyword arguments as in `generate` (`sampling`, `eos_token_id`, `key`, `cache_dtype`).
+    """
+    cache_dtype = kwargs.pop("cache_dtype", None)
+    return TokenStream(model, cache_dtype=cache_dtype)(
+        prompt, max_new_tokens=max_new_tokens, **kwargs
+    )

@@ -25,6 +25,7 @@ __all__ = [
     "attend",
     "blockwise_attention",
     "constrain",
+    "project_qkv",
     "make_attention",
     "make_norm",
 ]
@@ -221,6 +222,45 @@ class AttentionOptions(eqx.Module):
         )
 
 
+def project_qkv(
+    attn: hnn.Attention,
+    x: hax.NamedArray,
+    *,
+    positions: hax.NamedArray,
+    options: AttentionOptions,
+    sliding: Any = True,
+) -> tuple[hax.NamedArray, hax.NamedArray, hax.NamedArray]:
+    """Queries, keys and values of `x` after the q/k norms and RoPE (`attend`'s first half).
+
+    Keys and values come with `position` renamed `key_position`. Shared by `attend` and the
+    inference engine's paged attention (`meltemi.models.engine`), so both run one projection.
+    """
+    q = constrain(attn.q_proj(x))
+    k = constrain(attn.k_proj(x))
+    v = constrain(attn.v_proj(x))
+    if attn.q_norm is not None:
+        q = attn.q_norm(q)
+    if attn.k_norm is not None:
+        k = attn.k_norm(k)
+    if attn.rotary is not None:
+        rotary = attn.rotary
+        if options.local_theta is not None and sliding is not False:
+            local = _with_theta(rotary, options.local_theta)
+            if sliding is True:
+                rotary = local
+            else:
+                flag = hax.named(jnp.asarray(sliding), ())
+                q = hax.where(flag, local(q, positions, HEAD_SIZE), rotary(q, positions, HEAD_SIZE))
+                k = hax.where(flag, local(k, positions, HEAD_SIZE), rotary(k, positions, HEAD_SIZE))
+                rotary = None
+        if rotary is not None:
+            q = rotary(q, positions, HEAD_SIZE)
+            k = rotary(k, positions, HEAD_SIZE)
+    k = k.rename({POSITION: KEY_POSITION})
+    v = v.rename({POSITION: KEY_POSITION})
+    return q, k, v
+
+
 def attend(
     attn: hnn.Attention,
     x: hax.NamedArray,
@@ -252,29 +292,7 @@ def attend(
         sliding: whether the window applies to this layer.
     """
     options = options or AttentionOptions()
-    q = constrain(attn.q_proj(x))
-    k = constrain(attn.k_proj(x))
-    v = constrain(attn.v_proj(x))
-    if attn.q_norm is not None:
-        q = attn.q_norm(q)
-    if attn.k_norm is not None:
-        k = attn.k_norm(k)
-    if attn.rotary is not None:
-        rotary = attn.rotary
-        if options.local_theta is not None and sliding is not False:
-            local = _with_theta(rotary, options.local_theta)
-            if sliding is True:
-                rotary = local
-            else:
-                flag = hax.named(jnp.asarray(sliding), ())
-                q = hax.where(flag, local(q, positions, HEAD_SIZE), rotary(q, positions, HEAD_SIZE))
-                k = hax.where(flag, local(k, positions, HEAD_SIZE), rotary(k, positions, HEAD_SIZE))
-                rotary = None
-        if rotary is not None:
-            q = rotary(q, positions, HEAD_SIZE)
-            k = rotary(k, positions, HEAD_SIZE)
-    k = k.rename({POSITION: KEY_POSITION})
-    v = v.rename({POSITION: KEY_POSITION})
+    q, k, v = project_qkv(attn, x, positions=positions, options=options, sliding=sliding)
     new_cache = None
     if cache is not None:
         assert cache_index is not None

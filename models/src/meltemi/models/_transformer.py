@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -24,6 +25,7 @@ from meltemi.models._axes import (
     ModelAxes,
 )
 from meltemi.models._config import ConfigError, ModelConfig
+from meltemi.models._context_parallel import balance, sequence_split, unbalance
 from meltemi.models._layers import (
     AttentionOptions,
     DenseMlp,
@@ -246,7 +248,10 @@ class Transformer(eqx.Module):
         tokens: hax.NamedArray,
         segment_ids: Tokens | None,
         positions: Tokens | None,
+        split: int = 1,
     ) -> tuple[hax.NamedArray, dict[str, jax.Array]]:
+        """Final hidden states; with `split > 1` (the sequence split over that many devices)
+        in load-balanced slot order (`_context_parallel.balance`)."""
         Pos = tokens.resolve_axis(POSITION)  # noqa: N806
         seg = None
         if segment_ids is not None:
@@ -258,6 +263,16 @@ class Transformer(eqx.Module):
             pos = positions_in_segments(seg)
         else:
             pos = hax.arange(Pos)
+        if split > 1:
+            # Positions (global, or per document) are computed in the natural order above;
+            # the mask compares the global slot of each query and key.
+            tokens, pos = balance(tokens, split), balance(pos, split)
+            seg = None if seg is None else balance(seg, split)
+            order = balance(hax.arange(Pos), split)
+            kv_seg = None if seg is None else seg.rename({POSITION: KEY_POSITION})
+            mask = MaskSpec(order, order.rename({POSITION: KEY_POSITION}), seg, kv_seg, None, False)
+        if self.config.sequence_parallel != "none":
+            mask = dataclasses.replace(mask, sequence_parallel=self.config.sequence_parallel)
         x = self._embed(tokens, pos)
         token_mask = None if seg is None else seg >= 0
         hidden, stats, _ = self._run_blocks(x, mask, pos, token_mask)
@@ -283,8 +298,9 @@ class Transformer(eqx.Module):
         """
         del key
         named, added = as_tokens(tokens)
-        hidden, _ = self._hidden(named, segment_ids, positions)
-        logits = self._project(hidden)
+        split = sequence_split(self.config.sequence_parallel, named.axis_size(POSITION))
+        hidden, _ = self._hidden(named, segment_ids, positions, split)
+        logits = self._project(unbalance(hidden, split))
         return logits[{BATCH: 0}] if added else logits
 
     # -- loss ---------------------------------------------------------------------------------
@@ -321,7 +337,10 @@ class Transformer(eqx.Module):
         weight = mask.astype(jnp.float32)
         if loss_mask is not None:
             weight = weight * as_tokens(loss_mask, "loss_mask")[0].astype(jnp.float32)
-        hidden, stats = self._hidden(named, segment_ids, positions)
+        split = sequence_split(self.config.sequence_parallel, Pos.size)
+        hidden, stats = self._hidden(named, segment_ids, positions, split)
+        # The loss is a sum over tokens: targets and weights follow the hidden states' order.
+        tgt, weight = balance(tgt, split), balance(weight, split)
         denom = jnp.maximum(hax.sum(weight).array, 1.0)
         if self.config.blockwise_loss:
             ce_sum, z_sum = self._blockwise_loss(hidden, tgt, weight)

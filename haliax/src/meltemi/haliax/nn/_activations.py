@@ -20,6 +20,7 @@ from meltemi.haliax._core import (
     AxisSelector,
     NamedArray,
     _as_tuple,
+    broadcast_to,
 )
 from meltemi.haliax._reductions import logsumexp
 
@@ -128,21 +129,51 @@ def log_softmax(x: NamedArray, axis: AxisSelection) -> NamedArray:
     return NamedArray(jax.nn.log_softmax(x.array, axis=_idx(x, axis)), x.axes)
 
 
-def standardize(x: NamedArray, axis: AxisSelection, *, eps: float = 1e-5) -> NamedArray:
-    """`(x - mean) / sqrt(var + eps)` over `axis`."""
+def standardize(
+    x: NamedArray,
+    axis: AxisSelection,
+    *,
+    mean: NamedArray | None = None,
+    variance: NamedArray | None = None,
+    epsilon: float = 1e-5,
+    where: NamedArray | None = None,
+) -> NamedArray:
+    """`(x - mean) / sqrt(variance + epsilon)` over `axis` (`jax.nn.standardize` by name).
+
+    Args:
+        x: the array.
+        axis: the axis or axes the statistics are taken over.
+        mean: precomputed mean (aligned by name); None computes it.
+        variance: precomputed variance (aligned by name); None computes it.
+        epsilon: added to the variance.
+        where: bool mask of the elements that enter the statistics (aligned by name).
+    """
     idx = _idx(x, axis)
-    mean = jnp.mean(x.array, axis=idx, keepdims=True)
-    var = jnp.var(x.array, axis=idx, keepdims=True)
-    return NamedArray((x.array - mean) * jax.lax.rsqrt(var + eps), x.axes)
+
+    def raw(a: NamedArray | None) -> Any:
+        return None if a is None else broadcast_to(a, x.axes).array
+
+    out = jax.nn.standardize(
+        x.array, idx, mean=raw(mean), variance=raw(variance), epsilon=epsilon, where=raw(where)
+    )
+    return NamedArray(out, x.axes)
 
 
 def one_hot(x: NamedArray | int, axis: Axis, *, dtype: Any = jnp.float32) -> NamedArray:
-    """One-hot encoding along a new trailing axis `axis`.
+    """One-hot encoding along a new trailing axis `axis`: a NamedArray's out-of-range indices
+    give all zeros; a scalar index counts from the end when negative (Haliax's behaviour).
 
     >>> import meltemi.haliax as hax
     >>> one_hot(1, hax.Axis("v", 3)).array
     Array([0., 1., 0.], dtype=float32)
     """
-    if isinstance(x, NamedArray):
+    if isinstance(x, NamedArray):  # out-of-range indices (negative ones too) give all zeros
         return NamedArray(jax.nn.one_hot(x.array, axis.size, dtype=dtype), x.axes + (axis,))
-    return NamedArray(jax.nn.one_hot(x, axis.size, dtype=dtype), (axis,))
+    raw = jnp.asarray(x)
+    if raw.ndim != 0:
+        raise TypeError(
+            f"one_hot expects a scalar integer or a NamedArray, got an unnamed array of shape "
+            f"{raw.shape}; name its axes with hax.named"
+        )
+    # a scalar index wraps like Python indexing (-1 is the last class), as in Haliax
+    return NamedArray(jnp.zeros(axis.size, dtype=dtype).at[raw].set(1), (axis,))

@@ -28,7 +28,12 @@ import jax
 import jax.numpy as jnp
 
 from meltemi.haliax._core import NamedArray, is_named_array
-from meltemi.haliax._remat import RematSpec, ScanCheckpointPolicy
+from meltemi.haliax._remat import (
+    RematSpec,
+    ScanCheckpointPolicy,
+    multilevel_scan,
+    tree_checkpoint_name,
+)
 
 __all__ = ["ArrayStacked"]
 
@@ -130,17 +135,18 @@ class ArrayStacked(eqx.Module, Generic[M]):
         n = self.num_layers
 
         def body(carry, i):
+            carry = tree_checkpoint_name(carry, "ArrayStacked__carry")
             a = tuple(_take(x, ax, i, n, "ArrayStacked") for x, ax in zip(args, pos_axes))
             kw = {k: _take(v, kw_axes[k], i, n, f"ArrayStacked[{k}]") for k, v in kwargs.items()}
             return fn(self.get_layer(i), carry, *a, **kw)
 
         policy = self.gradient_checkpointing.resolved()
-        body = policy.wrap_body(body)
-
-        def run(init, xs):
-            return jax.lax.scan(body, init, xs, unroll=1 if unroll is None else unroll)
-
-        return policy.wrap_scan(run)(init, jnp.arange(n))
+        body = policy.checkpoint("ArrayStacked__carry", "ArrayStacked__input", body)
+        unroll = 1 if unroll is None else unroll
+        outer = policy.outer_block_size(n)
+        if outer is not None:
+            return multilevel_scan(body, init, jnp.arange(n), outer, n, unroll=unroll)
+        return jax.lax.scan(body, init, jnp.arange(n), unroll=unroll)
 
     def scan_via(self, fn: Callable, *, unroll: Any = None, in_axes: InAxes = None) -> Callable:
         """`g(init, *args, **kw) -> (carry, ys)` running `fn(layer, carry, *a, **kw) ->

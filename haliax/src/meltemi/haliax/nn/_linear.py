@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -26,6 +27,8 @@ from meltemi.haliax._core import (
     _as_tuple,
     axis_size,
     concat_axes,
+    flatten_axes,
+    unflatten_axis,
 )
 from meltemi.haliax._indexing import take
 from meltemi.haliax._ops import zeros
@@ -115,6 +118,33 @@ class Linear(eqx.Module):
     @property
     def out_first(self) -> bool:
         return self.weight.axes[0].name == _as_tuple(self.Out)[0].name  # type: ignore[union-attr]
+
+    def flatten_for_export(self) -> Linear:
+        """This layer with `In` and `Out` each flattened into one axis (`__IN__`, `__OUT__`), the
+        2-D layout of a PyTorch checkpoint; a layer with single axes is returned as is."""
+        if isinstance(self.In, Axis) and isinstance(self.Out, Axis):
+            return self
+        ins, outs = _as_tuple(self.In), _as_tuple(self.Out)
+        new_in = Axis("__IN__", math.prod(a.size for a in ins))
+        new_out = Axis("__OUT__", math.prod(a.size for a in outs))
+        order = ("__OUT__", "__IN__") if self.out_first else ("__IN__", "__OUT__")
+        weight = flatten_axes(flatten_axes(self.weight, outs, new_out), ins, new_in)
+        weight = weight.rearrange((..., *order))
+        bias = None if self.bias is None else flatten_axes(self.bias, outs, new_out)
+        return dataclasses.replace(self, weight=weight, bias=bias, In=new_in, Out=new_out)
+
+    def unflatten_from_export(self, template: Linear) -> Linear:
+        """The inverse of `flatten_for_export`, with `template`'s axes and layout."""
+        if (template.In, template.Out) == (self.In, self.Out):
+            return self
+        weight = unflatten_axis(self.weight, "__OUT__", template.Out)
+        weight = unflatten_axis(weight, "__IN__", template.In)
+        weight = weight.rearrange([a.name for a in template.weight.axes])
+        bias = None
+        if self.bias is not None and template.bias is not None:
+            bias = unflatten_axis(self.bias, "__OUT__", template.Out)
+            bias = bias.rearrange([a.name for a in template.bias.axes])
+        return dataclasses.replace(template, weight=weight, bias=bias)
 
     @jax.named_scope("linear")
     def __call__(self, inputs: NamedArray, *, key: jax.Array | None = None) -> NamedArray:

@@ -117,6 +117,12 @@ class MoELinear(eqx.Module):
         w = w * (init_scale / math.sqrt(In.size))
         return MoELinear(w, zeros(Out) if use_bias else None, Experts, In, Out, use_gmm)
 
+    @property
+    def out_first(self) -> bool:
+        """Whether the weight is stored `(Experts, Out, In)` (else `(Experts, In, Out)`)."""
+        names = [a.name for a in self.weight.axes]
+        return names.index(self.Out.name) < names.index(self.In.name)
+
     @jax.named_scope("moe_linear")
     def __call__(
         self, inputs: NamedArray, group_sizes: NamedArray, *, key: jax.Array | None = None

@@ -11,13 +11,22 @@ Statistics are computed in float32 when the input is lower precision, then cast 
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from meltemi.haliax._core import AxisSpec, NamedArray, _as_tuple
+from meltemi.haliax._core import (
+    Axis,
+    AxisSpec,
+    NamedArray,
+    _as_tuple,
+    flatten_axes,
+    unflatten_axis,
+)
 from meltemi.haliax._ops import ones, zeros
 
 __all__ = ["LayerNorm", "RmsNorm"]
@@ -63,6 +72,30 @@ class LayerNorm(eqx.Module):
         weight = ones(axis, dtype) if use_weight else None
         bias = zeros(axis, dtype) if use_bias else None
         return LayerNorm(weight, bias, axis, eps)
+
+    def flatten_for_export(self) -> LayerNorm:
+        """This layer with its axes flattened into one (`__OUT`), as in a PyTorch checkpoint."""
+        if isinstance(self.axis, Axis):
+            return self
+        axes = _as_tuple(self.axis)
+        new = Axis("__OUT", math.prod(a.size for a in axes))
+
+        def flat(a: NamedArray | None) -> NamedArray | None:
+            return None if a is None else flatten_axes(a, axes, new)
+
+        return dataclasses.replace(self, weight=flat(self.weight), bias=flat(self.bias), axis=new)
+
+    def unflatten_from_export(self, template: LayerNorm) -> LayerNorm:
+        """The inverse of `flatten_for_export`, with `template`'s axes."""
+        if template.axis == self.axis:
+            return self
+
+        def unflat(a: NamedArray | None) -> NamedArray | None:
+            return None if a is None else unflatten_axis(a, self.axis, template.axis)
+
+        return dataclasses.replace(
+            self, weight=unflat(self.weight), bias=unflat(self.bias), axis=template.axis
+        )
 
     @jax.named_scope("layer_norm")
     def __call__(self, x: NamedArray) -> NamedArray:

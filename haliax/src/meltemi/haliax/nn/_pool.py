@@ -75,6 +75,16 @@ def _plan(
     )
 
 
+def _extreme(dtype: Any, lowest: bool) -> Any:
+    """The identity of max (`lowest`) or min pooling: -/+inf for floats, the integer bounds else."""
+    if jnp.issubdtype(dtype, jnp.inexact):
+        return -jnp.inf if lowest else jnp.inf
+    if jnp.issubdtype(dtype, jnp.bool_):
+        return not lowest
+    info = jnp.iinfo(dtype)
+    return info.min if lowest else info.max
+
+
 def _pool(Window, x, init, op: Callable, stride, padding, use_ceil) -> NamedArray:
     dims, strides, pads = _plan(Window, x, stride, padding, use_ceil)
     out = jax.lax.reduce_window(x.array, jnp.asarray(init, x.dtype), op, dims, strides, pads)
@@ -101,7 +111,9 @@ def max_pool(
     Returns:
         The pooled array; window axes keep their names with the pooled sizes.
     """
-    return _pool(Window, inputs, -jnp.inf, jax.lax.max, stride, padding, use_ceil)
+    return _pool(
+        Window, inputs, _extreme(inputs.dtype, True), jax.lax.max, stride, padding, use_ceil
+    )
 
 
 def min_pool(
@@ -123,7 +135,9 @@ def min_pool(
     Returns:
         The pooled array.
     """
-    return _pool(Window, inputs, jnp.inf, jax.lax.min, stride, padding, use_ceil)
+    return _pool(
+        Window, inputs, _extreme(inputs.dtype, False), jax.lax.min, stride, padding, use_ceil
+    )
 
 
 def mean_pool(

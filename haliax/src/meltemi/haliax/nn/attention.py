@@ -29,6 +29,7 @@ from meltemi.haliax._core import (
     AxisSelector,
     AxisSpec,
     NamedArray,
+    _fmt_axes,
     axis_name,
     axis_size,
     rename,
@@ -252,7 +253,10 @@ def dot_product_attention_weights(
     orig_dtype = query.dtype
     if scale is None:
         scale = 1.0 / math.sqrt(query.axis_size(Key))
-    query = query * jnp.asarray(scale, query.dtype)
+    if jnp.issubdtype(query.dtype, jnp.inexact):
+        query = query * jnp.asarray(scale, query.dtype)
+    else:  # integer queries promote to float, as in Haliax (the result is cast back)
+        query = query * scale
     if attention_dtype is not None:
         query, key = query.astype(attention_dtype), key.astype(attention_dtype)
     logits = dot(query, key, axis=Key, precision=precision)
@@ -299,7 +303,18 @@ def dot_product_attention(
         precision: matmul precision.
         scale: logit scale (default `1/sqrt(Key.size)`).
         logits_soft_cap: if set, `cap * tanh(logits / cap)`.
+
+    Raises:
+        ValueError: an axis of `KPos` is also an axis of `query`.
     """
+    kpos = KPos if isinstance(KPos, tuple | list) else (KPos,)
+    for ax in kpos:
+        if query.has_axis(axis_name(ax)):
+            raise ValueError(
+                f"dot_product_attention: KPos axis {axis_name(ax)!r} is also an axis of query "
+                f"({_fmt_axes(query.axes)}); attended-to axes must be distinct from the query's: "
+                f"rename the key position axis, e.g. key.rename({{{axis_name(ax)!r}: 'key_pos'}})"
+            )
     weights = dot_product_attention_weights(
         Key,
         KPos,

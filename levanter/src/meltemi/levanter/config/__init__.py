@@ -16,6 +16,7 @@ Example:
 
 from meltemi.levanter.config._base import base_config, key_reference, mixture_component
 from meltemi.levanter.config._checks import check_choice, check_int
+from meltemi.levanter.config._data_spec import load_chat_template, special_token_ids
 from meltemi.levanter.config._errors import (
     BuildError,
     ConfigError,
@@ -98,6 +99,7 @@ __all__ = [
     "default_cache_dir",
     "file_source",
     "flatten",
+    "load_chat_template",
     "key_reference",
     "load_config",
     "lora_config",
@@ -114,6 +116,7 @@ __all__ = [
     "resolve_path",
     "resolve_run_dir",
     "set_value",
+    "special_token_ids",
     "split_spec",
     "with_variant",
 ]

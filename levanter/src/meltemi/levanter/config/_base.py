@@ -72,7 +72,8 @@ def mixture_component(
     Args:
         source: the training text: `stdlib:train`, `KIND:PATHS` or `KIND:NAME=PATHS` with KIND
             in text, jsonl, parquet (PATHS: comma-separated files, directories or globs), or
-            plain paths (the kind follows the extension).
+            plain paths (the kind follows the extension); `chat:PATHS` for conversations
+            (JSONL/Parquet `messages` rows, rendered with the run's chat template).
         weight: the component's share of the rows from step 0 (the weights sum to 1);
             `data.weight_stages` changes it from a later step on.
         validation: evaluation text in the same forms (empty: none); its metrics are tagged

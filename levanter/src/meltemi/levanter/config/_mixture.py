@@ -5,6 +5,7 @@
                                                     validation="stdlib:validation")
     config.data.components.tests = mixture_component("text:/path/test_*.py", 0.25)
     config.data.weight_stages = ((200, {"code": 0.5, "tests": 0.5}),)
+    config.data.components.chat = mixture_component("chat:sets/tulu/*.jsonl", 0.1)
 
 `mixture_plan` checks all of it and names the key, the value and the fix; `resolve` calls it,
 so a bad mixture stops before any store is built. Components are ordered by name, so the rows
@@ -19,13 +20,16 @@ import dataclasses
 import difflib
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from meltemi import data as md
 from meltemi.levanter.config._errors import ConfigError
 
 COMPONENT_KEYS = ("source", "weight", "validation")
+KINDS = ("stdlib", "text", "jsonl", "parquet", "chat")
+# Builds a chat source (`meltemi.data.chat.ChatFiles`) from a name and paths.
+ChatSource = Callable[[str, tuple[str, ...]], md.Source]
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _EXAMPLE = (
     "config.data.components.code = mixture_component('stdlib:train', 0.7) (from "
@@ -63,8 +67,29 @@ def file_source(name: str, paths: tuple[str, ...]) -> md.Source:
     return md.Files(name, paths)
 
 
-def parse_component_source(key: str, name: str, spec: Any) -> md.Source:
+def _is_chat(spec: Any) -> bool:
+    return isinstance(spec, str) and spec.startswith("chat:")
+
+
+def uses_chat_components(config) -> bool:
+    """Whether a mixture config has a chat component (a `chat:PATHS` source or validation)."""
+    if config.data.source != "mixture":
+        return False
+    entries = config.data.components
+    return any(
+        hasattr(entries[n], "items")
+        and (_is_chat(entries[n].get("source")) or _is_chat(entries[n].get("validation")))
+        for n in entries.keys()
+    )
+
+
+def parse_component_source(
+    key: str, name: str, spec: Any, *, chat: ChatSource | None = None
+) -> md.Source:
     """A component's `source` / `validation` text as a `meltemi.data` source.
+
+    `chat:PATHS` (conversations, rendered with the chat template) needs `chat`, which builds
+    the chat source from the name and the paths.
 
     Example:
         >>> parse_component_source("data.components.web.source", "web", "jsonl:a/*.jsonl").paths
@@ -72,11 +97,20 @@ def parse_component_source(key: str, name: str, spec: Any) -> md.Source:
     """
     if not isinstance(spec, str) or not spec.strip():
         raise MixtureConfigError(
-            f"{key}={spec!r}: give the text as 'stdlib:train', 'KIND:PATHS' (KIND text, jsonl "
-            f"or parquet) or paths/globs, e.g. --config.{key}=text:corpus/*.txt"
+            f"{key}={spec!r}: give the text as 'stdlib:train', 'KIND:PATHS' (KIND text, jsonl, "
+            f"parquet or chat) or paths/globs, e.g. --config.{key}=text:corpus/*.txt"
         )
     kind, sep, rest = spec.partition(":")
-    if sep and kind in ("stdlib", "text", "jsonl", "parquet"):
+    if sep and kind == "chat":
+        paths = tuple(p for p in rest.split(",") if p)
+        if chat is None or not paths:
+            raise MixtureConfigError(
+                f"{key}={spec!r}: a chat component needs its paths (chat:PATHS, comma-separated"
+                f" files, globs or directories of JSONL/Parquet conversations), e.g. "
+                f"--config.{key}=chat:sets/tulu/*.jsonl"
+            )
+        return chat(name, paths)
+    if sep and kind in KINDS:
         if kind != "stdlib" and "=" not in rest:
             spec = f"{kind}:{name}={rest}"
         try:
@@ -115,7 +149,7 @@ def _closest(name: str, names: list[str]) -> str:
     return f" Did you mean {best[0]!r}?" if best else ""
 
 
-def _components(config) -> tuple[list[Component], dict[str, float]]:
+def _components(config, chat: ChatSource | None) -> tuple[list[Component], dict[str, float]]:
     entries = config.data.components
     components, weights = [], {}
     for name in sorted(entries.keys()):
@@ -142,10 +176,12 @@ def _components(config) -> tuple[list[Component], dict[str, float]]:
         if "weight" not in entry:
             raise MixtureConfigError(f"{key}.weight is missing; e.g. {_EXAMPLE}")
         weights[name] = _weight(f"{key}.weight", entry["weight"], f"--config.{key}.weight=0.5")
-        source = parse_component_source(f"{key}.source", name, entry.get("source", ""))
+        source = parse_component_source(f"{key}.source", name, entry.get("source", ""), chat=chat)
         val = entry.get("validation", "") or ""
         validation = (
-            parse_component_source(f"{key}.validation", f"{name}-validation", val) if val else None
+            parse_component_source(f"{key}.validation", f"{name}-validation", val, chat=chat)
+            if val
+            else None
         )
         components.append(Component(name, source, validation))
     return components, weights
@@ -195,8 +231,11 @@ def _stages(config, names: list[str]) -> list[tuple[int, dict[str, float]]]:
     return stages
 
 
-def mixture_plan(config) -> MixturePlan | None:
+def mixture_plan(config, *, chat: ChatSource | None = None) -> MixturePlan | None:
     """The checked mixture of a config (None unless `data.source == "mixture"`).
+
+    `chat` builds the source of a `chat:PATHS` component (`data_spec` passes one with the
+    run's chat template).
 
     Raises:
         MixtureConfigError: naming the key, the value and the fix (unknown component, a
@@ -232,7 +271,7 @@ def mixture_plan(config) -> MixturePlan | None:
             f"'mixture' (the components are the training data); move it into a component, "
             f"e.g. data.components.files = mixture_component({data.train_files[0]!r}, 0.5)."
         )
-    components, weights = _components(config)
+    components, weights = _components(config, chat)
     _check_sum("data.components.*.weight: the weights", weights)
     stages = [(0, weights)] + _stages(config, names)
     return MixturePlan(tuple(components), tuple(stages))

@@ -127,6 +127,23 @@ def _check_elastic_batches(trainer: TrainerSpec, mesh: MeshSpec) -> None:
             )
 
 
+# The vocabulary is not compared: the checkpoint's is checked against the tokenizer.
+_ARCHITECTURE = ("family", "hidden_dim", "intermediate_dim", "num_layers", "num_heads",
+                 "num_kv_heads")  # fmt: skip
+
+
+def _describes(preset: str, hf_dir: str) -> bool:
+    """Whether `model.preset` describes the `model.init_from_hf` checkpoint (same family and
+    sizes): a config that plans with the preset (`--dry_run`) may then train from the
+    checkpoint. Unreadable either side: False (the other checks name the problem)."""
+    try:
+        ours = mm.get_preset(preset)
+        theirs = mm.hf.load_config(pathlib.Path(hf_dir).expanduser())
+    except Exception:  # a missing directory, an unknown preset: reported by model_config
+        return False
+    return all(getattr(ours, f) == getattr(theirs, f) for f in _ARCHITECTURE)
+
+
 def resolve(config: ResolvedConfig | ml_collections.ConfigDict) -> RunSpec:
     """Checks a whole config once and returns its frozen, typed sections.
 
@@ -146,10 +163,12 @@ def resolve(config: ResolvedConfig | ml_collections.ConfigDict) -> RunSpec:
     """
     resolved = config if isinstance(config, ResolvedConfig) else ResolvedConfig(config, {})
     c = resolved.config
-    if c.model.init_from_hf and resolved.provenance.get("model.preset", "default") != "default":
+    preset_set = resolved.provenance.get("model.preset", "default") != "default"
+    if c.model.init_from_hf and preset_set and not _describes(c.model.preset, c.model.init_from_hf):
         raise InertKeyError(
             f"model.preset={c.model.preset!r} has no effect with model.init_from_hf="
-            f"{c.model.init_from_hf!r} (the checkpoint's config.json is the model); drop one."
+            f"{c.model.init_from_hf!r} (the checkpoint's config.json is the model, and its "
+            f"family or sizes differ from the preset's); drop one."
         )
     if c.model.init_from_hf and c.checkpoint.init_from:
         raise ConfigError(

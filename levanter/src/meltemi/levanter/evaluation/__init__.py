@@ -22,6 +22,13 @@ import pathlib
 from typing import Any
 
 from meltemi.levanter.evaluation._bytes import batch_bytes, span_bytes
+from meltemi.levanter.evaluation._chat import (
+    ChatReply,
+    chat_eos_ids,
+    chat_replies,
+    format_rate,
+    prompt_of,
+)
 from meltemi.levanter.evaluation._errors import EvalError
 from meltemi.levanter.evaluation._evaluator import SetEvaluator, eval_line, eval_record
 from meltemi.levanter.evaluation._load import (
@@ -120,6 +127,7 @@ def evaluate_checkpoint(
 
 __all__ = [
     "MACRO",
+    "ChatReply",
     "EvalError",
     "EvalSet",
     "LoadedModel",
@@ -127,6 +135,8 @@ __all__ = [
     "SetShape",
     "batch_bytes",
     "cached_store",
+    "chat_eos_ids",
+    "chat_replies",
     "config_stores",
     "eval_line",
     "eval_mesh",
@@ -137,11 +147,13 @@ __all__ = [
     "file_store",
     "find_checkpoint",
     "fixed_eval_set",
+    "format_rate",
     "format_table",
     "load_model",
     "macro_average",
     "open_store",
     "parse_eval_files",
+    "prompt_of",
     "report",
     "run_config",
     "set_shape",

@@ -39,7 +39,8 @@ def fixed_eval_set(
     name: str, store: Any, tokenizer: Any, seq_len: int, batch_size: int, num_batches: int
 ) -> EvalSet:
     """The first `num_batches` batches of `batch_size` rows of a token store, unshuffled
-    (fewer when the set is shorter; at least one), with their byte count.
+    (fewer when the set is shorter; at least one), with their byte count. A chat store's rows
+    are whole conversations (longer ones dropped) with the loss on its trained tokens only.
 
     Args:
         name: the set's name in metric names.
@@ -49,7 +50,10 @@ def fixed_eval_set(
         batch_size: rows per batch.
         num_batches: the most batches to take.
     """
-    ds = md.PackedDataset(store, seq_len=seq_len, batch_size=batch_size, seed=0)
+    # A chat set is packed whole conversations, its loss only on the trained tokens (the
+    # assistant's): eval/<set>/loss is the mean over those, bpb counts their bytes.
+    chat = {"mode": "document", "packing": "ffd"} if store.has_loss_mask else {}
+    ds = md.PackedDataset(store, seq_len=seq_len, batch_size=batch_size, seed=0, **chat)
     count = min(num_batches, max(1, ds.num_sequences // batch_size))
     batches = [ds.sequences(np.arange(i * batch_size, (i + 1) * batch_size)) for i in range(count)]
     return EvalSet(name, batches, sum(batch_bytes(b, tokenizer) for b in batches))

@@ -11,7 +11,7 @@ from meltemi.levanter.trainer._data import (
     eval_sets,
     fraction_metrics,
     packed,
-    padding_line,
+    packing_line,
     padding_metrics,
 )
 from meltemi.levanter.trainer._parts import RunParts
@@ -35,8 +35,9 @@ def build_parts(spec: RunSpec) -> RunParts:
     else:
         train_store, val_stores = build_stores(spec)
         train = packed(spec, train_store)
-        if data.packing != "stream":
-            print(padding_line("train", train), flush=True)
+        line = packing_line("train", train)
+        if line is not None:
+            print(line, flush=True)
             data_metrics = padding_metrics(train)
     _, eval_loss_fn = make_loss_fns(spec.trainer.z_loss)
     mcfg = spec.model

@@ -20,17 +20,60 @@ from meltemi.levanter.evaluation import (
 
 
 def packed(spec: RunSpec, store: md.TokenStore, key: str = "data.packing") -> md.PackedDataset:
-    """The training rows of `store`, packed as `data.packing` says."""
+    """The training rows of `store`, packed as `data.packing` says.
+
+    A chat store (conversations with a loss mask) is packed whole conversation by
+    conversation (first-fit decreasing), with `data.overlong` and `data.loss_average`.
+    """
+    if store.is_preference:  # the replies of a pair would both be trained on as chat
+        raise ConfigError(
+            f"data: the store at {store.path} holds preference pairs (chosen/rejected), which "
+            "supervised training cannot use; point data.train_files at chat rows with "
+            "`messages`, or train the pairs with a preference objective."
+        )
+    if store.has_loss_mask:
+        options = {"mode": "document", "packing": "ffd", "overlong": spec.data.overlong,
+                   "loss_average": spec.data.loss_average}  # fmt: skip
+        what = f"data.overlong={spec.data.overlong!r}"
+    else:
+        options = md.packing_options(spec.data.packing)
+        what = f"{key} ({spec.data.packing!r})"
     try:
         return md.PackedDataset(
             store,
             seq_len=spec.data.seq_len,
             batch_size=spec.trainer.train_batch_size,
             seed=spec.data.shuffle_seed,
-            **md.packing_options(spec.data.packing),
+            **options,
         )
     except ValueError as e:  # e.g. a corpus shorter than one row in stream mode
-        raise ConfigError(f"{key} ({spec.data.packing!r}): {e}") from None
+        raise ConfigError(f"{what}: {e}") from None
+
+
+def chat_line(name: str, dataset: md.PackedDataset) -> str:
+    """One line on a chat set's packing: conversations longer than a row and the padding."""
+    counts = dataset.overlong
+    return (
+        f"data: {name}: {dataset.store.num_documents:,} conversations in "
+        f"{dataset.num_sequences:,} rows per epoch; longer than data.seq_len="
+        f"{dataset.seq_len}: {counts['dropped']:,} dropped, {counts['truncated']:,} truncated "
+        f"at a turn end (data.overlong={dataset.overlong_policy!r}); "
+        f"{dataset.padding_fraction:.1%} of row tokens are padding (loss-masked)"
+    )
+
+
+def packing_line(name: str, dataset: md.PackedDataset) -> str | None:
+    """The start-up line of a packed set (None for stream packing of text: nothing to say)."""
+    if dataset.store.has_loss_mask:
+        return chat_line(name, dataset)
+    return padding_line(name, dataset) if dataset.mode != "stream" else None
+
+
+def overlong_metrics(dataset: md.PackedDataset, prefix: str = "data") -> dict[str, float]:
+    """`data/overlong_dropped`, `data/overlong_truncated` of a chat set (per epoch)."""
+    if not dataset.store.has_loss_mask:
+        return {}
+    return {f"{prefix}/overlong_{k}": float(v) for k, v in dataset.overlong.items()}
 
 
 def padding_line(name: str, dataset: md.PackedDataset) -> str:
@@ -90,8 +133,9 @@ def build_mixture(spec: RunSpec) -> tuple[md.MixtureDataset, dict[str, md.TokenS
     for c in plan.components:
         store = source_store(spec, f"data.components.{c.name}.source", c.source, tokenizer)
         datasets[c.name] = packed(spec, store, f"data.components.{c.name}")
-        if data.packing != "stream":
-            print(padding_line(c.name, datasets[c.name]), flush=True)
+        line = packing_line(c.name, datasets[c.name])
+        if line is not None:
+            print(line, flush=True)
     val_stores = config_stores(spec)  # the stores `//levanter:eval` reopens
     segments = spec.trainer.batch_sizes.segments
     try:
@@ -109,6 +153,9 @@ def fraction_metrics(mixture: md.MixtureDataset) -> Callable[[np.ndarray], dict[
     """
     names = list(mixture.names)
     padding = np.array([mixture.components[n].padding_fraction for n in names])
+    overlong = {}
+    for n in names:
+        overlong.update(overlong_metrics(mixture.components[n], f"data/{n}"))
 
     def metrics(rows: np.ndarray) -> dict[str, float]:
         counts = np.bincount(mixture.components_of(rows), minlength=len(names))
@@ -116,7 +163,7 @@ def fraction_metrics(mixture: md.MixtureDataset) -> Callable[[np.ndarray], dict[
         out = {f"data/{n}/fraction": int(c) / total for n, c in zip(names, counts, strict=True)}
         if padding.any():
             out["data/padding_fraction"] = float(counts @ padding) / total
-        return out
+        return {**out, **overlong}
 
     return metrics
 
@@ -124,8 +171,9 @@ def fraction_metrics(mixture: md.MixtureDataset) -> Callable[[np.ndarray], dict[
 def padding_metrics(dataset: md.PackedDataset) -> Callable[[np.ndarray], dict[str, float]]:
     """`rows -> {"data/padding_fraction": the share of row tokens that are padding}` (per
     epoch: whole-document packing fixes it when the rows are planned)."""
-    fraction = float(dataset.padding_fraction)
-    return lambda rows: {"data/padding_fraction": fraction}
+    fixed = {"data/padding_fraction": float(dataset.padding_fraction)}
+    fixed.update(overlong_metrics(dataset))
+    return lambda rows: fixed
 
 
 def eval_sets(spec: RunSpec, stores: Mapping[str, md.TokenStore]) -> list[EvalSet]:

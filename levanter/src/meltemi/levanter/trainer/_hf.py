@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 
 import meltemi.models as mm
-from meltemi.levanter.config import ConfigError, RunSpec
+from meltemi.levanter.config import ConfigError, RunSpec, special_token_ids
+from meltemi.levanter.evaluation import chat_eos_ids
 from meltemi.levanter.runtime import compute_context
 from meltemi.levanter.trainer._lora import lora_model, merged
 from meltemi.levanter.trainer._plan import Plan
@@ -47,7 +48,12 @@ def init_from_hf(spec: RunSpec, plan: Plan, state: TrainState) -> TrainState:
 def export_hf(spec: RunSpec, plan: Plan, state: TrainState, directory: pathlib.Path) -> list[str]:
     """Writes the parameters of `state` as a Hugging Face checkpoint `transformers` loads.
 
-    The tokenizer's files are copied too when the run uses a `tokenizer.json`.
+    The tokenizer's files are copied too when the run uses a `tokenizer.json`. A run on chat
+    data also writes its chat template into `tokenizer_config.json` (`chat_template`, with the
+    special token strings) and the eos list of `meltemi.levanter.evaluation.chat_eos_ids`
+    (the tokenizer's eos and the template's end of turn) into `generation_config.json`
+    and `config.json`, so `apply_chat_template` and `generate` work on the export as they do
+    in Meltemi.
     """
     if jax.process_count() > 1:
         raise ConfigError(
@@ -59,4 +65,14 @@ def export_hf(spec: RunSpec, plan: Plan, state: TrainState, directory: pathlib.P
     if spec.data.tokenizer != "byte":
         path = pathlib.Path(spec.data.tokenizer).expanduser()
         tokenizer = str(path if path.is_dir() else path.parent)
-    return mm.hf.save(model, spec.model, directory, tokenizer=tokenizer)
+    config = spec.model
+    template = spec.data.template
+    if template is not None:
+        specials = special_token_ids(spec.data.tokenizer, spec.tokenizer)
+        eos = chat_eos_ids(spec.tokenizer, template, specials)
+        config = config.replace(eos_token_id=eos[0] if len(eos) == 1 else eos)
+    written = mm.hf.save(model, config, directory, tokenizer=tokenizer)
+    if template is not None:
+        template.save_pretrained(directory)
+        written.append("tokenizer_config.json")
+    return sorted(set(written))

@@ -45,6 +45,7 @@ _TOKENIZER_FILES = (
     "vocab.json",
     "merges.txt",
     "tokenizer.model",
+    "chat_template.jinja",  # transformers >= 4.47 keeps the chat template here
 )
 
 

@@ -1,0 +1,244 @@
+"""The server under a trace: throughput and latency against serving it one request at a time.
+
+A fixed trace (seeded): requests with mixed prompt and output lengths arriving at a fixed rate,
+each sent by its own client thread (the official `openai` client, streaming) to
+`meltemi.models.serve` on a loopback port. The same trace is then served one request at a time
+(each sent when the previous one finished) by the same server, and, where `transformers` is
+installed, generated one request at a time by `transformers`' eager `generate` on the same
+weights (same process; torch at the faster of its default threads and one thread, as
+`generate_bench`). Greedy, `ignore_eos`, so every request yields exactly its
+`max_tokens`.
+
+Reported (JSON): output tokens/s of each side and the ratios `concurrent_vs_sequential` and
+`concurrent_vs_transformers_eager_sequential`; time to first token (from the request's arrival)
+and inter-token latency p50/p99 of each side; `itl_p99_vs_sequential_itl_p50`
+(the goal: at most 2); compilations during the timed runs (`compiles_during_trace`: the goal
+is 0). Models are `generate_bench`'s random Llamas: `quick` (toy, for the test) and `large` (12
+layers, hidden 768, 162M parameters with the untied vocabulary of 32000).
+
+`transformers` with static cache + `torch.compile` is not run on the trace: with
+`dynamic=False` every new prompt length recompiles (minutes each on two cores);
+`generate_bench.py` measures it at a fixed batch.
+
+    python models/benchmarks/serve_bench.py [--quick] [--requests=24] [--rate=2.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import pathlib
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+sys.path.append(str(pathlib.Path(__file__).resolve().parent))
+import generate_bench  # noqa: E402 - the same random checkpoints and shapes
+
+NAME = "bench"
+# (requests, arrivals per second, prompt lengths, output lengths, max_seqs, max_seq_len)
+TRACES = {
+    "quick": dict(requests=8, rate=20.0, prompts=(3, 17), outputs=(4, 12), max_seqs=4, ctx=64),
+    "large": dict(requests=24, rate=2.0, prompts=(8, 96), outputs=(16, 64), max_seqs=8, ctx=256),
+}
+
+
+def make_trace(requests: int, rate: float, prompts: tuple, outputs: tuple, vocab: int, seed=0):
+    """`[(arrival_s, prompt_ids, max_tokens)]`, arrivals `1/rate` apart."""
+    rng = np.random.default_rng(seed)
+    return [
+        (
+            i / rate,
+            rng.integers(2, vocab, int(rng.integers(prompts[0], prompts[1] + 1))).tolist(),
+            int(rng.integers(outputs[0], outputs[1] + 1)),
+        )
+        for i in range(requests)
+    ]
+
+
+def write_checkpoint(hf_config: dict, directory: pathlib.Path, ctx: int):
+    """A random transformers Llama saved in `directory` with a word-level tokenizer covering
+    its vocabulary ("t2", "t3", ...); returns the torch model."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**hf_config, max_position_embeddings=ctx)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.save_pretrained(directory)
+    vocab = {"<unk>": 0, "</s>": 1, **{f"t{i}": i for i in range(2, hf_config["vocab_size"])}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    return model
+
+
+def _percentiles(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return float("nan"), float("nan")
+    p50, p99 = np.percentile(values, [50, 99])
+    return float(p50), float(p99)
+
+
+def run_trace(url: str, trace: list, *, concurrent_clients: bool) -> dict:
+    """Sends `trace` (all at their arrival times, or one after another); returns figures."""
+    import openai
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key="bench", max_retries=0, timeout=3600)
+    start = time.perf_counter()
+    lock = threading.Lock()
+    ttft: list[float] = []
+    itl: list[float] = []
+    tokens = [0]
+    ends: list[float] = []
+
+    def one(arrival: float, prompt: list[int], max_tokens: int) -> None:
+        if concurrent_clients:
+            time.sleep(max(0.0, start + arrival - time.perf_counter()))
+        sent = time.perf_counter()
+        times = []
+        stream = client.completions.create(
+            model=NAME, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        for chunk in stream:
+            if chunk.choices:
+                times.append(time.perf_counter())
+        with lock:
+            tokens[0] += len(times)
+            ttft.append(times[0] - sent)
+            itl.extend(np.diff(times).tolist())
+            ends.append(times[-1])
+
+    if concurrent_clients:
+        with concurrent.futures.ThreadPoolExecutor(len(trace)) as pool:
+            for f in [pool.submit(one, *r) for r in trace]:
+                f.result()
+    else:
+        for r in trace:
+            one(*r)
+    wall = max(ends) - start
+    (t50, t99), (i50, i99) = _percentiles(ttft), _percentiles(itl)
+    return {
+        "output_tokens": tokens[0],
+        "wall_s": wall,
+        "tokens_per_s": tokens[0] / wall,
+        "ttft_p50_s": t50,
+        "ttft_p99_s": t99,
+        "itl_p50_s": i50,
+        "itl_p99_s": i99,
+    }
+
+
+def transformers_sequential(model, trace: list, threads: int | None = None) -> dict:
+    """`transformers`' eager `generate`, one request after another, at `threads` torch
+    threads (default: torch's): tokens/s."""
+    import torch
+
+    default = torch.get_num_threads()
+    torch.set_num_threads(threads or default)
+    tokens, t = 0, time.perf_counter()
+    with torch.no_grad():
+        for _, prompt, max_tokens in trace:
+            out = model.generate(
+                torch.tensor([prompt]), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                do_sample=False, eos_token_id=None, pad_token_id=0,
+            )  # fmt: skip
+            tokens += out.shape[1] - len(prompt)
+    wall = time.perf_counter() - t
+    torch.set_num_threads(default)
+    return {"output_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
+            "threads": threads or default}  # fmt: skip
+
+
+def _compiles(url: str) -> float:
+    import httpx
+
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith("meltemi_compiles_total "):
+            return float(line.split()[1])
+    raise AssertionError("no meltemi_compiles_total in /metrics")
+
+
+def measure(quick: bool = False, *, requests: int | None = None, rate: float | None = None,
+            transformers_baseline: bool = True) -> dict:  # fmt: skip
+    """Runs the trace on one shape (`quick`: the toy) and returns the figures."""
+    from meltemi.models.engine import EngineConfig
+    from meltemi.models.serve import BackgroundServer, load_app
+
+    shape = "quick" if quick else "large"
+    hf_config = (generate_bench.QUICK_SHAPES if quick else generate_bench.SHAPES)[shape]
+    spec = dict(TRACES[shape])
+    spec["requests"] = requests or spec["requests"]
+    spec["rate"] = rate or spec["rate"]
+    trace = make_trace(spec["requests"], spec["rate"], spec["prompts"], spec["outputs"],
+                       hf_config["vocab_size"])  # fmt: skip
+    ctx, max_seqs = spec["ctx"], spec["max_seqs"]
+    heads, layers = hf_config["num_key_value_heads"], hf_config["num_hidden_layers"]
+    page = 16
+    page_bytes = 2 * layers * page * heads * hf_config["head_dim"] * 4
+    config = EngineConfig(
+        kv_bytes=(max_seqs * (ctx // page) + 1) * page_bytes, page_size=page, max_seqs=max_seqs,
+        max_seq_len=ctx, prefill_chunk=64, max_waiting=len(trace),
+    )  # fmt: skip
+    out: dict = {"shape": shape, "trace": {k: v for k, v in spec.items() if k != "ctx"}}
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = pathlib.Path(tmp)
+        torch_model = write_checkpoint(hf_config, directory, ctx)
+        out["params"] = sum(p.numel() for p in torch_model.parameters())
+        t = time.perf_counter()
+        app, runner = load_app(directory, config, model_name=NAME)
+        out["load_and_compile_s"] = time.perf_counter() - t
+        try:
+            with BackgroundServer(app) as url:
+                run_trace(url, trace[:2], concurrent_clients=True)  # warm the HTTP path
+                compiles = _compiles(url)
+                out["concurrent"] = run_trace(url, trace, concurrent_clients=True)
+                out["sequential"] = run_trace(url, trace, concurrent_clients=False)
+                out["compiles_during_trace"] = _compiles(url) - compiles
+        finally:
+            runner.stop()
+        if transformers_baseline:
+            # As generate_bench: the faster of torch's default threads and one thread.
+            import torch
+
+            warm = {n: transformers_sequential(torch_model, trace[:2], n)["wall_s"]
+                    for n in (torch.get_num_threads(), 1)}  # fmt: skip
+            threads = min(warm, key=warm.get)
+            out["transformers_eager_sequential"] = transformers_sequential(
+                torch_model, trace, threads
+            )
+    c, s = out["concurrent"], out["sequential"]
+    out["concurrent_vs_sequential"] = c["tokens_per_s"] / s["tokens_per_s"]
+    out["itl_p99_vs_sequential_itl_p50"] = c["itl_p99_s"] / s["itl_p50_s"]
+    if transformers_baseline:
+        base = out["transformers_eager_sequential"]["tokens_per_s"]
+        out["concurrent_vs_transformers_eager_sequential"] = c["tokens_per_s"] / base
+        out["sequential_vs_transformers_eager_sequential"] = s["tokens_per_s"] / base
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="the toy model and a short trace")
+    p.add_argument("--requests", type=int, default=None, help="requests in the trace")
+    p.add_argument("--rate", type=float, default=None, help="arrivals per second")
+    p.add_argument("--no_transformers", action="store_true", help="skip the transformers side")
+    args = p.parse_args(argv)
+    result = measure(
+        args.quick, requests=args.requests, rate=args.rate,
+        transformers_baseline=not args.no_transformers,
+    )  # fmt: skip
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

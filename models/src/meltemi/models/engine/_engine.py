@@ -1,0 +1,489 @@
+"""`Engine`: continuous batching over a paged KV cache.
+
+Each `step()` (1) admits queued requests, first come first served, while slots and pages
+last; (2) runs one decoding step over every slot that is generating (one program over all
+`max_seqs` slots, idle slots masked); (3) prefills one chunk of `prefill_chunk` prompt tokens
+of the oldest admitted request (a long prompt takes several steps, so it never stalls the
+running sequences for more than one chunk). When a prompt's last chunk is in, its `n`
+samples draw their first tokens and start decoding at the next step.
+
+Pages are planned at admission: a request holds, for sample 0, the pages of its prompt plus
+`max_tokens - 1` positions, and for each further sample the same minus the prompt's full
+pages, which it shares (the prompt is prefilled once; the partial last page is copied). So a
+running sequence never waits for memory, and a request that could never fit is refused at
+`submit`. Pages go back to the free list when a sample ends or is cancelled.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from meltemi.models._transformer import Transformer
+from meltemi.models.engine import _forward as F
+from meltemi.models.engine._config import (
+    EngineConfig,
+    EngineError,
+    Event,
+    QueueFullError,
+    Request,
+    RequestError,
+)
+from meltemi.models.engine._paged_attention import resolve_paged_backend
+from meltemi.models.engine._pages import NULL_PAGE, PageAllocator
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+_prepare = eqx.filter_jit(F.prepare)
+
+
+@dataclasses.dataclass
+class _Sample:
+    """One sample of a request in a slot."""
+
+    pages: list[int]
+    generated: list[int] = dataclasses.field(default_factory=list)
+    done: bool = False
+    cancelled: bool = False
+
+
+@dataclasses.dataclass(eq=False)  # identity: queues look requests up with `in`
+class _Live:
+    """An admitted or queued request."""
+
+    rid: int
+    request: Request
+    prompt: np.ndarray
+    stop: frozenset[int]
+    seed: int
+    pages_needed: int
+    slots: list[int] = dataclasses.field(default_factory=list)
+    samples: list[_Sample] = dataclasses.field(default_factory=list)
+    prefilled: int = 0
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Engine:
+    """Continuous-batching inference over a paged KV cache (see the module docstring).
+
+    >>> import jax, numpy as np
+    >>> import meltemi.models as mm
+    >>> from meltemi.models.engine import Engine, EngineConfig, Request
+    >>> cfg = mm.get_preset("tiny-llama").replace(max_seq_len=64)
+    >>> shapes = jax.eval_shape(lambda k: mm.init(cfg, key=k), jax.random.key(0))
+    >>> rng = np.random.default_rng(0)
+    >>> model = jax.tree.map(lambda s: rng.normal(0, 0.2, s.shape).astype(s.dtype), shapes)
+    >>> engine = Engine(model, EngineConfig(kv_bytes=1 << 20, page_size=8, max_seqs=2))
+    >>> rid = engine.submit(Request([5, 6, 7], max_tokens=3, stop_ids=()))
+    >>> [len(s) for s in engine.run_until_done()[rid]]
+    [3]
+    """
+
+    def __init__(self, model: Transformer, config: EngineConfig):
+        mc = model.config
+        max_len = config.max_seq_len if config.max_seq_len is not None else mc.max_seq_len
+        if max_len > mc.max_seq_len:
+            raise EngineError(
+                f"EngineConfig.max_seq_len={max_len} exceeds the model's max_seq_len="
+                f"{mc.max_seq_len}. Fix: max_seq_len<={mc.max_seq_len} (or None)"
+            )
+        resolve_paged_backend(config.attention_backend)  # fails early on an unknown name
+        self.config = config
+        self.model_config = mc
+        self.max_seq_len = max_len
+        dtype = _DTYPES[config.cache_dtype] if config.cache_dtype else None
+        self.dtype = jnp.dtype(dtype or model.embed.weight.dtype)
+        self.page_bytes = (
+            2 * mc.num_layers * config.page_size * mc.num_kv_heads * mc.head_size
+        ) * self.dtype.itemsize
+        self.num_pages = config.kv_bytes // self.page_bytes
+        self.pages_per_seq = _ceil_div(max_len, config.page_size)
+        if self.num_pages < self.pages_per_seq + 1:
+            need = (self.pages_per_seq + 1) * self.page_bytes
+            raise EngineError(
+                f"EngineConfig.kv_bytes={config.kv_bytes}: holds {self.num_pages} pages of "
+                f"{self.page_bytes} bytes, fewer than one sequence of max_seq_len={max_len} "
+                f"needs ({self.pages_per_seq}, plus one reserved). Fix: kv_bytes>={need} or a "
+                "smaller max_seq_len"
+            )
+        self._leaves_now, treedef = jax.tree.flatten(_prepare(model))
+        self._programs = F.programs(
+            treedef, config.attention_backend, config.max_logprobs, config.decode_steps
+        )
+        self._pools = F.init_pools(model, self.num_pages, config.page_size, self.dtype)
+        self.pages = PageAllocator(self.num_pages)
+        self._table = np.full((config.max_seqs, self.pages_per_seq), NULL_PAGE, np.int32)
+        self._slots: list[tuple[_Live, int] | None] = [None] * config.max_seqs
+        self._waiting: collections.deque[_Live] = collections.deque()
+        self._prefilling: collections.deque[_Live] = collections.deque()
+        self._live: dict[int, _Live] = {}
+        self._next_id = 0
+        self._rng = np.random.default_rng(config.seed)
+        self._leaves = _leaf_specs(model)
+
+    # -- requests ------------------------------------------------------------------------------
+    def submit(self, request: Request) -> int:
+        """Queues `request`; returns its id. Raises `RequestError` (naming the field) for a
+        request that could never run, `QueueFullError` past `max_waiting` queued requests."""
+        live = self._validate(request)
+        cap = self.config.max_waiting
+        if cap is not None and len(self._waiting) >= cap:
+            raise QueueFullError(
+                f"EngineConfig.max_waiting={cap}: {len(self._waiting)} requests already wait. "
+                "Fix: retry later, or raise max_waiting"
+            )
+        self._waiting.append(live)
+        self._live[live.rid] = live
+        return live.rid
+
+    def _validate(self, r: Request) -> _Live:
+        cfg, mc = self.config, self.model_config
+        prompt = np.asarray(r.prompt_ids, np.int64).reshape(-1)
+        if prompt.size == 0:
+            raise RequestError("Request.prompt_ids is empty: give at least one token")
+        if prompt.min() < 0 or prompt.max() >= mc.vocab_size:
+            bad = int(prompt[(prompt < 0) | (prompt >= mc.vocab_size)][0])
+            raise RequestError(
+                f"Request.prompt_ids holds {bad}, outside the vocabulary [0, {mc.vocab_size})"
+            )
+        if not isinstance(r.max_tokens, int) or r.max_tokens < 1:
+            raise RequestError(f"Request.max_tokens={r.max_tokens!r}: must be an int >= 1")
+        if prompt.size + r.max_tokens > self.max_seq_len:
+            raise RequestError(
+                f"Request.max_tokens={r.max_tokens} + {prompt.size} prompt tokens = "
+                f"{prompt.size + r.max_tokens} exceeds max_seq_len={self.max_seq_len}. Fix: "
+                f"max_tokens<={self.max_seq_len - prompt.size} or a shorter prompt"
+            )
+        if not isinstance(r.n, int) or not 1 <= r.n <= cfg.max_seqs:
+            raise RequestError(
+                f"Request.n={r.n!r}: must be in [1, max_seqs={cfg.max_seqs}] (each sample "
+                "takes a decoding slot). Fix: a smaller n, or raise EngineConfig.max_seqs"
+            )
+        if r.logprobs is not None and not 0 <= r.logprobs <= cfg.max_logprobs:
+            raise RequestError(
+                f"Request.logprobs={r.logprobs!r}: must be in [0, max_logprobs="
+                f"{cfg.max_logprobs}]. Fix: logprobs<={cfg.max_logprobs} or raise "
+                "EngineConfig.max_logprobs"
+            )
+        if r.seed is not None and not 0 <= r.seed < 2**32:
+            raise RequestError(f"Request.seed={r.seed!r}: must be in [0, 2**32)")
+        needed = self._pages_needed(prompt.size, r.max_tokens, r.n)
+        if needed > self.pages.capacity:
+            raise RequestError(
+                f"Request needs {needed} KV pages (n={r.n}, {prompt.size} prompt tokens, "
+                f"max_tokens={r.max_tokens}) but the pool holds {self.pages.capacity} "
+                f"(EngineConfig.kv_bytes={cfg.kv_bytes}). Fix: raise kv_bytes, or lower n or "
+                "max_tokens"
+            )
+        stop = r.stop_ids if r.stop_ids is not None else mc.eos_token_id
+        stop = () if stop is None else (stop,) if isinstance(stop, int) else tuple(stop)
+        seed = int(self._rng.integers(2**32)) if r.seed is None else int(r.seed)
+        rid = self._next_id
+        self._next_id += 1
+        return _Live(rid, r, prompt.astype(np.int32), frozenset(stop), seed, needed)
+
+    def _pages_needed(self, prompt_len: int, max_tokens: int, n: int) -> int:
+        ps = self.config.page_size
+        per_sample = _ceil_div(prompt_len + max_tokens - 1, ps)
+        return per_sample + (n - 1) * (per_sample - prompt_len // ps)
+
+    def cancel(self, request_id: int, sample: int | None = None) -> bool:
+        """Ends a request (or one sample of it) now and frees its pages; no event follows.
+        Returns whether anything was running or queued under that id."""
+        live = self._live.get(request_id)
+        if live is None:
+            return False
+        if live in self._waiting:
+            self._waiting.remove(live)
+            del self._live[request_id]
+            return True
+        targets = range(len(live.samples)) if sample is None else [sample]
+        targets = [i for i in targets if 0 <= i < len(live.samples) and not live.samples[i].done]
+        if live in self._prefilling:
+            # Sample 0's pages hold the prompt being prefilled for every sample: a sample
+            # cancelled now ends (without an event) when the prompt is in, unless all are.
+            for i in targets:
+                live.samples[i].cancelled = True
+            if not all(s.cancelled for s in live.samples):
+                return bool(targets)
+            self._prefilling.remove(live)
+            targets = range(len(live.samples))
+        for i in targets:
+            self._finish(live, i)
+        return bool(targets)
+
+    # -- scheduling ----------------------------------------------------------------------------
+    def _admit(self) -> None:
+        ps = self.config.page_size
+        while self._waiting:
+            live = self._waiting[0]
+            n = live.request.n
+            free = [s for s, v in enumerate(self._slots) if v is None]
+            if len(free) < n or self.pages.num_free < live.pages_needed:
+                return
+            self._waiting.popleft()
+            length = live.prompt.size
+            per_sample = _ceil_div(length + live.request.max_tokens - 1, ps)
+            first = self.pages.alloc(per_sample)
+            shared = first[: length // ps]
+            live.samples = [_Sample(first)]
+            for _ in range(n - 1):
+                self.pages.share(shared)
+                live.samples.append(_Sample(shared + self.pages.alloc(per_sample - len(shared))))
+            live.slots = free[:n]
+            for slot, (i, smp) in zip(live.slots, enumerate(live.samples), strict=True):
+                self._slots[slot] = (live, i)
+                self._table[slot] = NULL_PAGE
+                self._table[slot, : len(smp.pages)] = smp.pages
+            self._prefilling.append(live)
+
+    def _finish(self, live: _Live, i: int) -> None:
+        smp = live.samples[i]
+        smp.done = True
+        self.pages.release(smp.pages)
+        slot = live.slots[i]
+        self._slots[slot] = None
+        self._table[slot] = NULL_PAGE
+        if all(s.done for s in live.samples):
+            self._live.pop(live.rid, None)
+
+    def _rows(self, entries: list[tuple[_Live, int, int] | None]) -> tuple[np.ndarray, ...]:
+        """Sampling parameters per row: `(request, sample, step)` or None (idle)."""
+        size = len(entries)
+        temp = np.zeros(size, np.float32)
+        top_k = np.zeros(size, np.int32)
+        top_p = np.ones(size, np.float32)
+        seed = np.zeros(size, np.uint32)
+        sample = np.zeros(size, np.int32)
+        step = np.zeros(size, np.int32)
+        for r, e in enumerate(entries):
+            if e is None:
+                continue
+            live, i, t = e
+            s = live.request.sampling
+            temp[r] = s.temperature
+            top_k[r] = s.top_k or 0
+            top_p[r] = 1.0 if s.top_p is None else s.top_p
+            seed[r], sample[r], step[r] = live.seed, i, t
+        return (temp, top_k, top_p, seed, sample, step)
+
+    def _emit(self, live: _Live, i: int, token: int, lp: float, ids, lps) -> Event:
+        smp = live.samples[i]
+        smp.generated.append(token)
+        k = live.request.logprobs
+        top = None
+        if k is not None:
+            top = tuple((int(a), float(b)) for a, b in zip(ids[:k], lps[:k], strict=True))
+        reason = None
+        if token in live.stop:
+            reason = "stop"
+        elif len(smp.generated) >= live.request.max_tokens:
+            reason = "length"
+        if reason is not None:
+            self._finish(live, i)
+        return Event(live.rid, i, token, lp, top, reason)
+
+    def step(self) -> list[Event]:
+        """Admit, decode one token for every generating sample, prefill one chunk."""
+        self._admit()
+        if self._waiting and not self.num_running:
+            # Everything is free yet the head does not fit: submit's checks should prevent it.
+            raise RuntimeError(
+                f"engine bookkeeping: request {self._waiting[0].rid} cannot be admitted into an "
+                f"idle engine ({self.pages.num_free} of {self.pages.capacity} pages free)"
+            )
+        events = self._decode()
+        events += self._prefill()
+        return events
+
+    def _decode(self) -> list[Event]:
+        size = self.config.max_seqs
+        many = self._programs.decode_many is not None and not self._prefilling
+        steps = self.config.decode_steps if many else 1
+        tokens = np.zeros(size, np.int32)
+        positions = np.zeros(size, np.int32)
+        valid = np.zeros(size, bool)
+        remaining = np.zeros(size, np.int32)
+        entries: list[tuple[_Live, int, int] | None] = [None] * size
+        for slot, held in enumerate(self._slots):
+            if held is None:
+                continue
+            live, i = held
+            smp = live.samples[i]
+            if not smp.generated or smp.done:
+                continue  # still prefilling
+            tokens[slot] = smp.generated[-1]
+            positions[slot] = live.prompt.size + len(smp.generated) - 1
+            valid[slot] = True
+            remaining[slot] = min(steps, live.request.max_tokens - len(smp.generated))
+            entries[slot] = (live, i, len(smp.generated))
+        if not valid.any():
+            return []
+        program = self._programs.decode_many if many else self._programs.decode
+        self._pools, out = program(
+            self._leaves_now,
+            self._pools,
+            tokens,
+            positions,
+            valid,
+            self._table.copy(),
+            self._rows(entries),
+            remaining,
+        )
+        tok, lp, ids, lps = jax.device_get(out)
+        events = []
+        for t in range(steps):
+            for slot, e in enumerate(entries):
+                if e is None or t >= remaining[slot] or e[0].samples[e[1]].done:
+                    continue
+                events.append(
+                    self._emit(
+                        e[0],
+                        e[1],
+                        int(tok[t, slot]),
+                        float(lp[t, slot]),
+                        ids[t, slot],
+                        lps[t, slot],
+                    )
+                )
+        return events
+
+    def _prefill(self) -> list[Event]:
+        if not self._prefilling:
+            return []
+        live = self._prefilling[0]
+        chunk = self.config.prefill_chunk
+        start = live.prefilled
+        part = live.prompt[start : start + chunk]
+        tokens = np.zeros((1, chunk), np.int32)
+        positions = np.zeros((1, chunk), np.int32)
+        valid = np.zeros((1, chunk), bool)
+        tokens[0, : part.size] = part
+        positions[0, : part.size] = np.arange(start, start + part.size)
+        valid[0, : part.size] = True
+        table = self._table[live.slots[0]][None]
+        size = self.config.max_seqs
+        entries = [(live, i, 0) if i < len(live.samples) else None for i in range(size)]
+        self._pools, out = self._programs.prefill(
+            self._leaves_now,
+            self._pools,
+            tokens,
+            positions,
+            valid,
+            table.copy(),
+            np.int32(part.size - 1),
+            self._rows(entries),
+        )
+        live.prefilled += part.size
+        if live.prefilled < live.prompt.size:
+            return []
+        self._prefilling.popleft()
+        full = live.prompt.size // self.config.page_size
+        src = live.samples[0].pages
+        for smp in live.samples[1:]:
+            if live.prompt.size % self.config.page_size and not smp.cancelled:
+                pair = np.asarray([src[full], smp.pages[full]], np.int32)
+                self._pools = self._programs.copy_page(self._pools, pair)
+        for i, smp in enumerate(live.samples):
+            if smp.cancelled:
+                self._finish(live, i)
+        tok, lp, ids, lps = jax.device_get(out)
+        return [
+            self._emit(live, i, int(tok[i]), float(lp[i]), ids[i], lps[i])
+            for i, smp in enumerate(live.samples)
+            if not smp.done
+        ]
+
+    # -- conveniences --------------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        """Whether any request is queued, prefilling or generating."""
+        return bool(self._live)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued, not yet admitted."""
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        """Slots held by admitted samples."""
+        return sum(s is not None for s in self._slots)
+
+    def run_until_done(self) -> dict[int, list[list[int]]]:
+        """Steps until nothing is left; the tokens of each request that ended, per sample."""
+        out: dict[int, list[list[int]]] = {}
+        while self.has_work:
+            for e in self.step():
+                rows = out.setdefault(e.request_id, [])
+                while len(rows) <= e.sample:
+                    rows.append([])
+                rows[e.sample].append(e.token)
+        return out
+
+    def warmup(self) -> None:
+        """Compiles the decoding (one and `decode_steps` steps), prefill and page-copy programs
+        (on idle inputs)."""
+        size, chunk = self.config.max_seqs, self.config.prefill_chunk
+        rows = self._rows([None] * size)
+        zeros = np.zeros(size, np.int32)
+        run = self._programs
+        for decode in (run.decode, run.decode_many):
+            if decode is not None:
+                idle = np.zeros(size, bool)
+                self._pools, _ = decode(
+                    self._leaves_now, self._pools, zeros, zeros, idle, self._table, rows, zeros
+                )
+        z2 = np.zeros((1, chunk), np.int32)
+        self._pools, _ = run.prefill(
+            self._leaves_now,
+            self._pools,
+            z2,
+            z2,
+            np.zeros((1, chunk), bool),
+            self._table[:1],
+            np.int32(0),
+            rows,
+        )
+        self._pools = run.copy_page(self._pools, np.zeros(2, np.int32))
+        jax.block_until_ready(self._pools)
+
+    def update_weights(self, model: Transformer) -> None:
+        """Serves `model`'s parameters from the next step on (same config, same shapes and
+        dtypes; nothing recompiles). Running sequences keep their KV pages."""
+        old_cfg, new_cfg = self.model_config, model.config
+        if new_cfg != old_cfg:
+            diff = "; ".join(
+                f"{f.name}: {getattr(old_cfg, f.name)!r} -> {getattr(new_cfg, f.name)!r}"
+                for f in dataclasses.fields(new_cfg)
+                if getattr(new_cfg, f.name) != getattr(old_cfg, f.name)
+            )
+            raise EngineError(
+                f"update_weights: the new model's config differs from the engine's ({diff}). "
+                "Fix: new weights of the same config, or build a new Engine"
+            )
+        new = _leaf_specs(model)
+        for (path, old_spec), (_, new_spec) in zip(self._leaves, new, strict=True):
+            if old_spec != new_spec:
+                raise EngineError(
+                    f"update_weights: parameter {path} is {new_spec[1]}{list(new_spec[0])}, the "
+                    f"engine's is {old_spec[1]}{list(old_spec[0])}. Fix: same shapes and dtypes "
+                    "(cast with jax.tree.map(lambda x: x.astype(...), model))"
+                )
+        self._leaves_now = jax.tree.leaves(_prepare(model))
+
+
+def _leaf_specs(model: Any) -> list[tuple[str, tuple[tuple[int, ...], str]]]:
+    leaves = jax.tree_util.tree_leaves_with_path(eqx.filter(model, eqx.is_array))
+    return [
+        (jax.tree_util.keystr(path), (tuple(x.shape), str(jnp.dtype(x.dtype))))
+        for path, x in leaves
+    ]
