@@ -87,3 +87,26 @@ def write_checkpoint(
     gen = json.loads((directory / "generation_config.json").read_text())
     assert gen["eos_token_id"] == list(eos_ids), gen
     return directory
+
+
+def page_bytes(config: mm.ModelConfig, page_size: int) -> int:
+    """Bytes of one KV page of `config` in float32 (keys and values of every layer)."""
+    return 2 * config.num_layers * page_size * config.num_kv_heads * config.head_size * 4
+
+
+def serve(checkpoint: pathlib.Path, engine, model_name: str):
+    """Yields (url, runner) of the checkpoint served on a free 127.0.0.1 port (a fixture body)."""
+    from meltemi.models.serve import BackgroundServer, load_app
+
+    app, runner = load_app(checkpoint, engine, model_name=model_name)
+    with BackgroundServer(app) as url:
+        yield url, runner
+    runner.stop()
+
+
+def metrics(url: str) -> dict[str, float]:
+    """The server's `/metrics` counters by name."""
+    import httpx
+
+    lines = httpx.get(url + "/metrics").text.splitlines()
+    return {ln.split()[0]: float(ln.split()[1]) for ln in lines if ln and ln[0] != "#"}

@@ -15,12 +15,11 @@ import pytest
 import meltemi.models as mm
 from meltemi.models import chat, hf
 from meltemi.models.engine import Engine, EngineConfig, Request
-from meltemi.models.serve import BackgroundServer, load_app
 
 sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent / "bin"))
 CFG = mm.get_preset("tiny-llama")
 PAGE = 8
-PAGE_BYTES = 2 * CFG.num_layers * PAGE * CFG.num_kv_heads * CFG.head_size * 4
+PAGE_BYTES = chat_testing.page_bytes(CFG, PAGE)
 ENGINE = EngineConfig(
     kv_bytes=64 * PAGE_BYTES, page_size=PAGE, max_seqs=4, max_seq_len=64, prefill_chunk=16,
     max_logprobs=3, max_waiting=8,
@@ -36,10 +35,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(checkpoint):
-    app, runner = load_app(checkpoint, ENGINE, model_name=NAME)
-    with BackgroundServer(app) as url:
-        yield url, runner
-    runner.stop()
+    yield from chat_testing.serve(checkpoint, ENGINE, NAME)
 
 
 @pytest.fixture(scope="module")
@@ -51,20 +47,11 @@ def client(server):
 def direct(checkpoint):
     """The same checkpoint run by an engine directly (no server), and its tokenizer."""
     model, _ = hf.load(checkpoint)
-    return Engine(model, ENGINE), chat._load_tokenizer(checkpoint)
+    return Engine(model, ENGINE), chat.load_tokenizer(checkpoint)
 
 
 def _ids(tokenizer, text):
     return [int(i) for i in tokenizer.encode_with_offsets(text)[0]]
-
-
-def _metrics(url):
-    text = httpx.get(url + "/metrics").text
-    return {
-        line.split()[0]: float(line.split()[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-    }
 
 
 # -- greedy parity ----------------------------------------------------------------------------
@@ -238,9 +225,9 @@ def test_models_lists_the_served_name(client):
 def test_metrics_count_requests_and_tokens_and_steady_serving_compiles_nothing(server, client):
     url, runner = server
     client.completions.create(model=NAME, prompt=PROMPT, max_tokens=3, temperature=0)
-    before = _metrics(url)
+    before = chat_testing.metrics(url)
     out = client.completions.create(model=NAME, prompt="Athens is", max_tokens=5, temperature=0)
-    after = _metrics(url)
+    after = chat_testing.metrics(url)
     assert after["meltemi_requests_total"] == before["meltemi_requests_total"] + 1
     assert after["meltemi_generated_tokens_total"] == (
         before["meltemi_generated_tokens_total"] + out.usage.completion_tokens

@@ -19,7 +19,7 @@ from meltemi.models.serve import RETRY_AFTER_S, BackgroundServer, load_app
 
 CFG = mm.get_preset("tiny-llama")
 PAGE = 8
-PAGE_BYTES = 2 * CFG.num_layers * PAGE * CFG.num_kv_heads * CFG.head_size * 4
+PAGE_BYTES = chat_testing.page_bytes(CFG, PAGE)
 MAX_WAITING = 3
 ENGINE = EngineConfig(
     kv_bytes=20 * PAGE_BYTES, page_size=PAGE, max_seqs=4, max_seq_len=64, prefill_chunk=16,
@@ -36,20 +36,12 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(checkpoint):
-    app, runner = load_app(checkpoint, ENGINE, model_name=NAME)
-    with BackgroundServer(app) as url:
-        yield url, runner
-    runner.stop()
+    yield from chat_testing.serve(checkpoint, ENGINE, NAME)
 
 
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-def _metrics(url):
-    lines = httpx.get(url + "/metrics").text.splitlines()
-    return {ln.split()[0]: float(ln.split()[1]) for ln in lines if ln and ln[0] != "#"}
 
 
 def _serves(client):
@@ -158,7 +150,7 @@ def test_malformed_json_is_a_400(server, client, body):
 
 def test_client_leaving_mid_stream_cancels_its_request_and_frees_its_pages(server, client):
     url, runner = server
-    start = _metrics(url)
+    start = chat_testing.metrics(url)
     before = start["meltemi_requests_cancelled_total"]
     body = {"model": NAME, "prompt": [7] * 4, "max_tokens": 59, "temperature": 0, "stream": True,
             "stop": ["@@never@@"]}  # fmt: skip
@@ -172,7 +164,7 @@ def test_client_leaving_mid_stream_cancels_its_request_and_frees_its_pages(serve
                     break  # leave mid-stream: the connection closes here
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        m = _metrics(url)
+        m = chat_testing.metrics(url)
         if m["meltemi_requests_cancelled_total"] > before and m["meltemi_kv_pages_in_use"] == 0:
             break
         time.sleep(0.05)
@@ -260,7 +252,7 @@ def test_binary_never_prints_the_api_key(checkpoint, monkeypatch, capfd):
 
 def test_unstreamed_client_that_leaves_has_its_request_cancelled(server, client):
     url, runner = server
-    start = _metrics(url)
+    start = chat_testing.metrics(url)
     gate = threading.Event()
     held = runner.call(lambda engine: gate.wait(60))  # nothing runs until the client is gone
     body = {"model": NAME, "prompt": [9] * 4, "max_tokens": 59, "temperature": 0,
@@ -271,7 +263,7 @@ def test_unstreamed_client_that_leaves_has_its_request_cancelled(server, client)
     held.result(10)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        m = _metrics(url)
+        m = chat_testing.metrics(url)
         if m["meltemi_requests_cancelled_total"] > start["meltemi_requests_cancelled_total"]:
             break
         time.sleep(0.05)

@@ -84,6 +84,20 @@ def _values_position_last(cache: LayerCache) -> LayerCache:
     return LayerCache(cache.k, cache.v.rearrange(order))
 
 
+def _decode_step(model, cache, token, t, key, valid, lengths, prompt_len, sampling):
+    """New token `t` of every row (sampled from the logits of `token`, the previous one) and
+    the cache with `token`'s keys and values written at slot `prompt_len + t - 1`."""
+    logits, cache = model.decode(
+        _named(token[:, None]),
+        cache,
+        positions=_named((lengths + t - 1)[:, None]),
+        cache_index=prompt_len + t - 1,
+        kv_valid=valid,
+    )
+    nxt = sample_rows(logits.rearrange((BATCH, POSITION, "vocab")).array[:, 0], key, t, sampling)
+    return nxt, cache
+
+
 def _decode_loop(
     model: Transformer,
     tokens: jax.Array,
@@ -136,16 +150,7 @@ def _decode_loop(
 
     def body(state):
         t, cache, token, done, out = state
-        logits, cache = model.decode(
-            _named(token[:, None]),
-            cache,
-            positions=_named((lengths + t - 1)[:, None]),
-            cache_index=prompt_len + t - 1,
-            kv_valid=valid,
-        )
-        nxt = sample_rows(
-            logits.rearrange((BATCH, POSITION, "vocab")).array[:, 0], key, t, sampling
-        )
+        nxt, cache = _decode_step(model, cache, token, t, key, valid, lengths, prompt_len, sampling)
         nxt = jnp.where(done, pad_token_id, nxt)
         out = jax.lax.dynamic_update_slice(out, nxt[:, None], (0, t))
         return t + 1, cache, nxt, done | jnp.isin(nxt, eos), out
@@ -381,15 +386,7 @@ def _stream_prefill(model, tokens, pads, key, static):
 @eqx.filter_jit(donate="all-except-first")
 def _stream_step(consts, cache, t):
     model, key, valid, lengths, sampling, prompt_len, token = consts
-    logits, cache = model.decode(
-        _named(token[:, None]),
-        cache,
-        positions=_named((lengths + t - 1)[:, None]),
-        cache_index=prompt_len + t - 1,
-        kv_valid=valid,
-    )
-    nxt = sample_rows(logits.rearrange((BATCH, POSITION, "vocab")).array[:, 0], key, t, sampling)
-    return nxt, cache
+    return _decode_step(model, cache, token, t, key, valid, lengths, prompt_len, sampling)
 
 
 class TokenStream:

@@ -41,6 +41,8 @@ __all__ = [
     "TokenStream",
     "find_checkpoint",
     "generate_stream",
+    "load_tokenizer",
+    "prompt_ids",
     "text_increments",
 ]
 
@@ -96,7 +98,17 @@ def _special_token(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _load_tokenizer(directory: pathlib.Path):
+def prompt_ids(
+    template: Any, tokenizer: Any, messages: Sequence[Mapping[str, Any]], **kwargs: Any
+) -> list[int]:
+    """The token ids of `messages` rendered by `template` (a `meltemi.data.chat.ChatTemplate`)
+    with the generation prompt; special-token strings become their ids (`encode_with_offsets`)."""
+    text = template.render(list(messages), add_generation_prompt=True, **kwargs)
+    ids, _ = tokenizer.encode_with_offsets(text)
+    return [int(i) for i in ids]
+
+
+def load_tokenizer(directory: pathlib.Path):
     """`meltemi.data.HfTokenizer` of a checkpoint, its special tokens named as its
     `tokenizer_config.json` names them (so a chat tokenizer's eos is not guessed)."""
     from meltemi.data import HfTokenizer
@@ -188,7 +200,7 @@ class Chat:
         from meltemi.data.chat import ChatTemplate
 
         directory = pathlib.Path(directory)
-        tokenizer = _load_tokenizer(directory)
+        tokenizer = load_tokenizer(directory)
         template = ChatTemplate.from_pretrained(directory, template_file=template_file)
         model, _ = hf.load(directory)
         return cls(model, tokenizer, template, cache_dtype=cache_dtype)
@@ -196,9 +208,7 @@ class Chat:
     def prompt_ids(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> list[int]:
         """The token ids of `messages` rendered with the generation prompt (the text the
         assistant's reply continues); `kwargs` go to the template (e.g. `tools=[...]`)."""
-        text = self.template.render(list(messages), add_generation_prompt=True, **kwargs)
-        ids, _ = self.tokenizer.encode_with_offsets(text)
-        return [int(i) for i in ids]
+        return prompt_ids(self.template, self.tokenizer, messages, **kwargs)
 
     def stream(
         self,

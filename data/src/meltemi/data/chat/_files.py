@@ -88,14 +88,7 @@ class ChatFiles(Source):
         }
 
     def files(self) -> list[str]:
-        files = self._check_files(expand_paths(self.paths), self.paths)
-        for f in files:
-            if file_format(f) == "text":
-                raise SourceError(
-                    f"ChatFiles(name={self.name!r}): {f} is neither JSON lines nor Parquet; "
-                    f"conversations are .jsonl (plain or .gz/.zst/...) or .parquet files"
-                )
-        return files
+        return row_files(self, "conversations")
 
     def read(self, path: str) -> Iterator[RawDocument]:
         columns = (self.messages_key, self.tools_key)
@@ -109,27 +102,12 @@ class ChatFiles(Source):
                 `.location` is the row's `file:line`.
         """
         loc = raw.location
-        if raw.text is None:
-            raise ChatRowError(raw.reason or "unreadable", raw.problem or "unreadable row", loc)
-        text = raw.text.decode("utf-8", "replace") if isinstance(raw.text, bytes) else raw.text
-        try:
-            row = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ChatRowError(
-                "malformed_json", f"malformed JSON ({e.msg} at column {e.colno})", loc
-            ) from None
+        row = parse_row(raw)
         if not isinstance(row, dict) or row.get(self.messages_key) is None:
             raise ChatRowError(
                 "no_messages", f"the row has no {self.messages_key!r} field (set messages_key)", loc
             )
-        tools = row.get(self.tools_key)
-        if isinstance(tools, str):  # some sets store the schemas as a JSON string
-            try:
-                tools = json.loads(tools)
-            except json.JSONDecodeError as e:
-                raise ChatRowError(
-                    "bad_tools", f"{self.tools_key!r} is a string but not JSON ({e.msg})", loc
-                ) from None
+        tools = parse_tools(row, self.tools_key, loc)
         try:
             return encode_chat(
                 row[self.messages_key],
@@ -140,6 +118,57 @@ class ChatFiles(Source):
             )
         except ChatRowError as e:
             raise e.at(loc) from None
+
+
+def row_files(source, what: str) -> list[str]:
+    """`source.files()` of a row source: its expanded paths, each JSON lines or Parquet.
+
+    Raises:
+        SourceError: a file of another format; `what` names the rows it should hold.
+    """
+    files = source._check_files(expand_paths(source.paths), source.paths)
+    for f in files:
+        if file_format(f) == "text":
+            raise SourceError(
+                f"{type(source).__name__}(name={source.name!r}): {f} is neither JSON lines nor "
+                f"Parquet; {what} are .jsonl (plain or .gz/.zst/...) or .parquet files"
+            )
+    return files
+
+
+def parse_row(raw: RawDocument) -> object:
+    """The JSON value of one row read by `read_rows`.
+
+    Raises:
+        ChatRowError: the row could not be read, or is not JSON (`malformed_json`).
+    """
+    loc = raw.location
+    if raw.text is None:
+        raise ChatRowError(raw.reason or "unreadable", raw.problem or "unreadable row", loc)
+    text = raw.text.decode("utf-8", "replace") if isinstance(raw.text, bytes) else raw.text
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ChatRowError(
+            "malformed_json", f"malformed JSON ({e.msg} at column {e.colno})", loc
+        ) from None
+
+
+def parse_tools(row: dict, key: str, loc: str) -> object:
+    """`row[key]`, the tool schemas: some sets store them as a JSON string, decoded here.
+
+    Raises:
+        ChatRowError: a string that is not JSON (`bad_tools`).
+    """
+    tools = row.get(key)
+    if isinstance(tools, str):
+        try:
+            return json.loads(tools)
+        except json.JSONDecodeError as e:
+            raise ChatRowError(
+                "bad_tools", f"{key!r} is a string but not JSON ({e.msg})", loc
+            ) from None
+    return tools
 
 
 def read_rows(

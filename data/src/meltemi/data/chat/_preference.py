@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from meltemi.data._sources import RawDocument, Source, SourceError, expand_paths, file_format
+from meltemi.data._sources import RawDocument, Source, SourceError
 from meltemi.data._tokenizer import Tokenizer
 from meltemi.data.chat._encode import (
     ROLES,
@@ -41,7 +41,7 @@ from meltemi.data.chat._encode import (
     shorten,
     template_kwargs,
 )
-from meltemi.data.chat._files import read_rows
+from meltemi.data.chat._files import parse_row, parse_tools, read_rows, row_files
 from meltemi.data.chat._template import ChatTemplate
 
 __all__ = ["PREFERENCE_REASONS", "EncodedPair", "PreferenceFiles", "encode_preference"]
@@ -294,14 +294,7 @@ class PreferenceFiles(Source):
         }
 
     def files(self) -> list[str]:
-        files = self._check_files(expand_paths(self.paths), self.paths)
-        for f in files:
-            if file_format(f) == "text":
-                raise SourceError(
-                    f"PreferenceFiles(name={self.name!r}): {f} is neither JSON lines nor "
-                    f"Parquet; preference pairs are .jsonl (plain or .gz/.zst/...) or .parquet"
-                )
-        return files
+        return row_files(self, "preference pairs")
 
     def read(self, path: str) -> Iterator[RawDocument]:
         columns = (self.prompt_key, self.chosen_key, self.rejected_key, self.tools_key)
@@ -315,28 +308,13 @@ class PreferenceFiles(Source):
                 `.location` is the row's `file:line`.
         """
         loc = raw.location
-        if raw.text is None:
-            raise ChatRowError(raw.reason or "unreadable", raw.problem or "unreadable row", loc)
-        text = raw.text.decode("utf-8", "replace") if isinstance(raw.text, bytes) else raw.text
-        try:
-            row = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ChatRowError(
-                "malformed_json", f"malformed JSON ({e.msg} at column {e.colno})", loc
-            ) from None
+        row = parse_row(raw)
         if not isinstance(row, dict):
             raise ChatRowError("no_pair", f"the row is {shorten(row)}, not an object", loc)
         for key, option in ((self.chosen_key, "chosen_key"), (self.rejected_key, "rejected_key")):
             if row.get(key) is None:
                 raise ChatRowError("no_pair", f"the row has no {key!r} field (set {option})", loc)
-        tools = row.get(self.tools_key)
-        if isinstance(tools, str):
-            try:
-                tools = json.loads(tools)
-            except json.JSONDecodeError as e:
-                raise ChatRowError(
-                    "bad_tools", f"{self.tools_key!r} is a string but not JSON ({e.msg})", loc
-                ) from None
+        tools = parse_tools(row, self.tools_key, loc)
         try:
             return encode_preference(
                 row.get(self.prompt_key),

@@ -366,15 +366,12 @@ async def _stream(
 
 
 def _render(template: Any, tokenizer: Any, messages: list[dict]) -> list[int]:
-    from meltemi.data.chat import ChatRowError, ChatTemplateError
+    from meltemi.models import chat
 
     try:
-        text = template.render(messages, add_generation_prompt=True)
-    except (ChatRowError, ChatTemplateError) as e:
+        return chat.prompt_ids(template, tokenizer, messages)
+    except Exception as e:  # ChatRowError, a template's raise_exception(...), a Jinja error
         raise P.bad("messages", f"the chat template cannot render them: {e}") from e
-    except Exception as e:  # a template's raise_exception(...) or a Jinja error
-        raise P.bad("messages", f"the chat template cannot render them: {e}") from e
-    return [int(i) for i in tokenizer.encode_with_offsets(text)[0]]
 
 
 def _engine_field(message: str, prompt_field: str) -> str:

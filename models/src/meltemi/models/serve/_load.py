@@ -38,7 +38,7 @@ def load_app(
     from meltemi.data.chat import ChatTemplate, ChatTemplateError
 
     directory = chat.find_checkpoint(checkpoint)
-    tokenizer = chat._load_tokenizer(directory)  # noqa: SLF001 - same library
+    tokenizer = chat.load_tokenizer(directory)
     try:
         template = ChatTemplate.from_pretrained(directory, template_file=chat_template)
     except ChatTemplateError:
