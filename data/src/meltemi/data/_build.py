@@ -674,13 +674,18 @@ def _build_locked(
     return _finalise(path, plan, shards, done, elapsed, tokenizer, source_records(files))
 
 
-def _merge_examples(per_shard) -> dict[str, list[str]]:
-    """The first `_MAX_EXAMPLES` `file:line` examples of each reason, in shard order."""
+def merge_examples(per_shard, limit: int = _MAX_EXAMPLES) -> dict[str, list[str]]:
+    """The first `limit` `file:line` examples of each reason, in shard order.
+
+    Args:
+        per_shard: for each shard in order, its `{reason: [file:line, ...]}`.
+        limit: examples kept per reason.
+    """
     out: dict[str, list[str]] = {}
     for examples in per_shard:
         for reason, where in examples.items():
             kept = out.setdefault(reason, [])
-            kept += where[: _MAX_EXAMPLES - len(kept)]
+            kept += where[: limit - len(kept)]
     return dict(sorted(out.items()))
 
 
@@ -719,7 +724,7 @@ def _finalise(path, plan, shards, done, elapsed, tokenizer, files) -> TokenStore
             for s in shards
         ],
         "problems": [p for s in shards for p in done[s["id"]]["problems"]][:100],
-        "examples": _merge_examples(done[s["id"]].get("examples", {}) for s in shards),
+        "examples": merge_examples(done[s["id"]].get("examples", {}) for s in shards),
         "last_build_seconds": round(elapsed, 3),
         "source_files": files,
     }

@@ -40,7 +40,7 @@ from typing import Literal
 import numpy as np
 
 from meltemi import fray
-from meltemi.data._build import build_store, plan_shards
+from meltemi.data._build import build_store, merge_examples, plan_shards
 from meltemi.data._ledger import StageLedger, exclusive_lock, write_json
 from meltemi.data._sources import Files, ParquetFiles, file_digest, file_stat
 from meltemi.data._tokenizer import load_tokenizer
@@ -470,15 +470,6 @@ def _check_plan(root: str, plan: dict) -> None:
         )
 
 
-def _merge_examples(entries: list[dict], limit: int = 5) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for e in entries:
-        for reason, where in e.get("examples", {}).items():
-            kept = out.setdefault(reason, [])
-            kept += where[: limit - len(kept)]
-    return dict(sorted(out.items()))
-
-
 def _stage_report(run: _Run, stage: Stage) -> dict:
     entries = [run.ledger.done(stage.name, s["id"]) for s in run.shards]
     entries = [e for e in entries if e is not None]
@@ -495,7 +486,7 @@ def _stage_report(run: _Run, stage: Stage) -> dict:
         "kept": sum(e["kept"] for e in ok),
         "dropped": dict(sorted(dropped.items())),
         "altered": dict(sorted(altered.items())),
-        "examples": _merge_examples(ok),
+        "examples": merge_examples(e.get("examples", {}) for e in ok),
         "task_seconds": round(sum(e["seconds"] for e in ok), 3),
         "shards": len(ok),
         "quarantined": [
