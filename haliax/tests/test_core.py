@@ -1,3 +1,4 @@
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -80,12 +81,66 @@ def test_binary_op_aligns_by_name_not_position():
     )
 
 
-def test_binary_op_union_of_axes_is_outer_broadcast():
-    a = hax.arange(Batch)
-    b = hax.arange(Pos)
-    out = a * b
-    assert out.axes == (Batch, Pos)
+def test_binary_op_needs_one_operand_with_all_axes():
+    # Haliax's rule: no outer product by accident; the error names both axis sets and the fix
+    with pytest.raises(
+        hax.AxisError,
+        match=r"multiply: cannot broadcast operands with axes \(batch=3\), \(pos=5\).*"
+        r"hax\.broadcast_axis\(x, hax\.Axis\('pos', 5\)\)",
+    ):
+        hax.arange(Batch) * hax.arange(Pos)
+
+
+def test_not_subset_error_is_a_value_error_as_in_haliax():
+    with pytest.raises(ValueError):
+        hax.ones((Batch, Embed)) + hax.ones((Pos, Embed))
+
+
+def test_explicit_broadcast_axis_gives_the_outer_product():
+    out = hax.arange(Batch).broadcast_axis(Pos) * hax.arange(Pos)
+    out = out.rearrange(("batch", "pos"))
     np.testing.assert_array_equal(out.array, np.outer(np.arange(3), np.arange(5)))
+
+
+def test_subset_operand_broadcasts_in_the_superset_order():
+    bias = hax.named(jnp.arange(7.0), Embed)
+    x = _x().rearrange(("embed", "batch", "pos"))
+    for out in (bias + x, x + bias):
+        assert out.axes == x.axes
+        np.testing.assert_array_equal(out.array, x.array + np.arange(7.0)[:, None, None])
+
+
+def test_broadcast_arrays_takes_the_union_only_when_asked():
+    a, b = hax.arange(Batch), hax.arange(Pos)
+    with pytest.raises(hax.AxisError, match=r"broadcast_arrays: cannot broadcast"):
+        hax.broadcast_arrays(a, b)
+    ua, ub = hax.broadcast_arrays(a, b, require_subset=False)
+    assert ua.axes == ub.axes == (Batch, Pos)
+    np.testing.assert_array_equal((ua * ub).array, np.outer(np.arange(3), np.arange(5)))
+
+
+def test_unnamed_scalar_plus_named_scalar_stays_named():
+    # Haliax has no `__jax_array__`: a traced scalar defers to NamedArray's operator
+    s = hax.named(jnp.float32(2.0), ())
+    out = jax.jit(lambda t: t + s)(jnp.float32(1.0))
+    assert isinstance(out, hax.NamedArray) and out.axes == ()
+    assert float(out) == 3.0
+
+
+def test_unnamed_array_plus_named_scalar_is_unnamed():
+    s = hax.named(jnp.float32(2.0), ())
+    for t in (jnp.arange(4.0), np.arange(4.0)):
+        out = jax.jit(lambda t: t * s)(t)
+        assert not isinstance(out, hax.NamedArray)
+        np.testing.assert_array_equal(out, np.arange(4.0) * 2)
+    out = np.arange(4.0) * s  # numpy defers to NamedArray.__rmul__
+    assert not isinstance(out, hax.NamedArray)
+    np.testing.assert_array_equal(out, np.arange(4.0) * 2)
+
+
+def test_named_array_in_a_jnp_function_is_an_error():
+    with pytest.raises(TypeError, match=r"NamedArray"):
+        jnp.exp(hax.named(jnp.float32(1.0), ()))
 
 
 def test_unnamed_array_operand_is_rejected():
@@ -119,8 +174,3 @@ def test_split_with_wrong_total_is_an_error():
 
 def test_astype_changes_dtype():
     assert _x().astype(jnp.bfloat16).dtype == jnp.bfloat16
-
-
-def test_named_array_used_as_plain_array_is_an_error():
-    with pytest.raises(TypeError, match=r"cannot be used as a plain array"):
-        jnp.asarray(_x())

@@ -1,3 +1,5 @@
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -263,3 +265,32 @@ def test_constructors_and_random_accept_haliax_shape_dicts():
     assert hax.zeros({"batch": 3, "pos": 5}).axes == (Batch, Pos)
     assert hax.random.normal(jax.random.key(0), {"embed": 7}).axes == (Embed,)
     assert hax.linspace("t", start=0.0, stop=1.0).shape == {"t": 50}
+
+
+_NOT_SUBSET = {
+    "where": lambda a, b: hax.where(a > 0, a, b),
+    "clip": lambda a, b: hax.clip(a, b, 2.0),
+    "isclose": lambda a, b: hax.isclose(a, b),
+    "maximum": lambda a, b: hax.maximum(a, b),
+    "divmod": lambda a, b: hax.divmod(a, b),
+    "hax.sum where=": lambda a, b: hax.sum(a, where=b > 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_NOT_SUBSET))
+def test_ops_need_one_operand_with_all_axes(name):
+    a, b = hax.ones((Batch, Embed)), hax.ones((Pos, Embed))
+    with pytest.raises(
+        hax.AxisError, match=re.escape(name) + r": cannot broadcast .*broadcast_axis"
+    ):
+        _NOT_SUBSET[name](a, b)
+
+
+def test_where_one_argument_form_gives_indices_as_jnp():
+    x = hax.random.uniform(jax.random.key(3), (Batch, Pos))
+    N = hax.Axis("n", Batch.size * Pos.size)  # noqa: N806
+    got = hax.where(x > 0.5, fill_value=-1, new_axis=N)
+    want = jnp.where(x.array > 0.5, size=N.size, fill_value=-1)
+    assert len(got) == 2 and all(g.axes == (N,) for g in got)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.array, w)

@@ -46,7 +46,7 @@ def test_der_int_roots_poly_match_jnp():
 
 def test_polyval_keeps_the_axes_of_x():
     X, Y = hax.make_axes(x=3, y=5)
-    x = hax.arange(X) * 0.5 + hax.arange(Y) * 0.1
+    x = hax.arange(X).broadcast_axis(Y) * 0.5 + hax.arange(Y) * 0.1
     out = hax.polyval(_named(P), x)
     assert out.axes == x.axes
     np.testing.assert_allclose(out.array, np.polyval(P, np.asarray(x.array)), rtol=1e-5)

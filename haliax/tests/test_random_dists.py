@@ -58,7 +58,7 @@ def test_ball_points_lie_in_the_unit_ball():
 
 
 def test_choice_draws_slices_with_probabilities():
-    a = hax.arange(A) * 10 + hax.arange(B)
+    a = hax.broadcast_to(hax.arange(A), (A, B)) * 10 + hax.arange(B)
     p = hax.named(jnp.array([0.0, 0.25, 0.75]), A)
     out = hax.random.choice(KEY, hax.Axis("n", 20_001), a, "a", p=p)
     assert [x.name for x in out.axes] == ["n", "b"]
@@ -80,7 +80,7 @@ def test_categorical_with_extra_sample_axes():
 
 
 def test_independent_permutation_shuffles_each_slice_separately():
-    x = hax.arange(hax.Axis("b", 11)) + hax.zeros(A, dtype=int)
+    x = hax.arange(hax.Axis("b", 11)).broadcast_axis(A)
     out = hax.random.permutation(KEY, x, "b", independent=True)
     raw = np.asarray(out.rearrange(("a", "b")).array)
     assert all(sorted(r) == list(range(11)) for r in raw)

@@ -18,8 +18,8 @@ Usage (from the repository root):
         [--files test_ops.py test_axis.py] [--out result.json]
 
 marin-haliax into a site directory (it imports aqt, which imports flax and jmp):
-    pip download --no-deps marin-haliax==0.2.20.dev202606180959 -d /tmp/mh
-    pip install --no-deps --target /tmp/mh_site /tmp/mh/*.whl aqtp jmp flax
+    pip download --no-deps marin-haliax==0.2.20.dev202606180959 aqtp jmp flax -d /tmp/mh
+    pip install --no-deps --target /tmp/mh_site /tmp/mh/*.whl
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ import meltemi.models as mm
 from meltemi.levanter.config import ConfigError, base_config, flatten, load_config, resolve
 from meltemi.levanter.config._data_spec import LOSS_AVERAGES, OVERLONG, TRAIN_ON
 from meltemi.levanter.config._spec import COMPUTE_DTYPES, SOURCES, VERIFY_MODES
+from meltemi.levanter.config._trainer_spec import OBJECTIVES, REFERENCES
 from meltemi.levanter.optim._adamw import ADAMC_MODES
 from meltemi.levanter.optim._config import MU_DTYPES, OPTIMIZERS
 from meltemi.levanter.optim._muon import MUON_SCALES
@@ -36,6 +37,8 @@ CHAT = CONFIGS / "sft_data"
 # Enum keys and the values they document (W&B's "online" needs the network).
 ENUMS = {
     "trainer.compute_dtype": COMPUTE_DTYPES,
+    "trainer.objective": OBJECTIVES,
+    "trainer.reference": REFERENCES,
     "checkpoint.verify": VERIFY_MODES,
     "logging.wandb_mode": ("offline", "disabled"),
     "data.source": SOURCES,
@@ -62,6 +65,7 @@ FREE_TEXT = {
     "run_dir",
     "trainer.batch_schedule",
     "checkpoint.init_from",
+    "trainer.reference_from",
     "model.preset",
     "model.init_from_hf",
     "data.tokenizer",
@@ -93,7 +97,15 @@ NEEDS.update({"data.source=chat": _CHAT_DATA, "data.train_on": _CHAT_DATA,
               "data.overlong": _CHAT_DATA, "data.loss_average": _CHAT_DATA})  # fmt: skip
 # data.source=mixture: components are set in a config file; test_configs.py trains
 # mixture.py:smoke for 2 steps (the guard below checks that it is a mixture).
-ELSEWHERE = {("data.source", "mixture")}
+# The preference objectives and the precomputed reference need preference pairs and a
+# reference run: tests/test_dpo.py trains each (dpo, ipo, simpo; live and precomputed).
+ELSEWHERE = {
+    ("data.source", "mixture"),
+    ("trainer.objective", "dpo"),
+    ("trainer.objective", "ipo"),
+    ("trainer.objective", "simpo"),
+    ("trainer.reference", "precomputed"),
+}
 # The families added for Hugging Face breadth (#13), each trained by the trainer for 2 steps.
 NEW_FAMILIES = ("tiny-mistral", "tiny-gemma2", "tiny-gemma3", "tiny-qwen2", "tiny-olmo2")
 # The keys a Muon run may set; other optimizer flips run under the smoke run's AdamW.

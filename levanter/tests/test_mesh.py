@@ -14,7 +14,14 @@ from meltemi.levanter.mesh import MeshConfigError, MeshShape, make_mesh  # noqa:
 
 def test_minus_one_fills_the_remaining_devices():
     mesh = make_mesh({"fsdp": -1, "tensor": 2})
-    assert dict(mesh.shape) == {"replica": 1, "data": 1, "fsdp": 4, "expert": 1, "tensor": 2}
+    assert dict(mesh.shape) == {
+        "replica": 1,
+        "data": 1,
+        "fsdp": 4,
+        "expert": 1,
+        "sequence": 1,
+        "tensor": 2,
+    }
 
 
 def test_dcn_axis_spans_slices_and_keeps_slices_contiguous():

@@ -27,6 +27,19 @@ choice when the two are within noise), and `generate_vs_fastest_transformers_bs*
 ratio; the top-level keys of that name are the largest shape's. The greedy
 tokens of all three are compared.
 
+The engine (`meltemi.models.engine`) runs the same prompts as a side of its own
+(`engine_steps{k}`: `decode_steps=k`, `max_seqs` = the batch, prompts prefilled in one chunk each),
+timed in the same rounds; `greedy_tokens_equal_engine_steps{k}` compares its tokens with ours.
+
+Roofline, measured in the same run before each shape: the read bandwidth a jitted `jnp.sum`
+over a float32 buffer far larger than the caches reaches (`read_bandwidth_gb_s`, best of 5) and
+the float32 matmul peak of a jitted square matmul (`matmul_peak_gflop_s`, best of 5). A call's
+bound (`roofline_seconds`) is its prefill plus `new_tokens - 1` decoding steps, each taking the
+longer of reading every weight but the (untied) embedding table once (`weight_bytes_per_token`)
+and doing its FLOPs (2 per weight and token, plus attention) at the peak;
+`roofline_fraction_{side}_bs*` is that bound over the side's median call time (1.0 = at the
+roofline).
+
     python models/benchmarks/generate_bench.py [--quick] [--shapes small,large]
 """
 
@@ -88,6 +101,9 @@ BUDGET: dict[str, tuple[int, int]] = {"large": (32, 5)}
 DEFAULT_BUDGET, QUICK_BUDGET = (128, 11), (8, 1)
 PROMPT_LEN, BATCHES = 16, (1, 8)
 BASELINES = ("transformers_eager", "transformers_static_compile")
+ENGINE_STEPS = (1, 8)
+# Roofline probes: (read buffer bytes, matmul size); quick: small enough for a test.
+PROBE, QUICK_PROBE = (1 << 30, 2048), (64 << 20, 256)
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -96,9 +112,79 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t
 
 
+def _sig(x: float) -> float:
+    """`x` to 4 significant digits."""
+    return float(f"{x:.4g}")
+
+
 def _quartiles(values: list[float]) -> tuple[float, float, float]:
     q1, q2, q3 = np.percentile(values, [25, 50, 75])
     return float(q1), float(q2), float(q3)
+
+
+def machine_roofline(buffer_bytes: int, matmul_size: int, repeats: int = 5) -> dict:
+    """Read bandwidth (GB/s) of a jitted float32 `sum` over `buffer_bytes` and float32 matmul
+    peak (GFLOP/s) of a jitted `matmul_size` square product, each the best of `repeats`."""
+    import jax
+    import jax.numpy as jnp
+
+    buffer = jnp.ones(buffer_bytes // 4, jnp.float32)
+    total = jax.jit(jnp.sum)
+    total(buffer).block_until_ready()
+    read = min(_timed(lambda: total(buffer).block_until_ready()) for _ in range(repeats))
+    a = jnp.ones((matmul_size, matmul_size), jnp.float32)
+    product = jax.jit(jnp.matmul)
+    product(a, a).block_until_ready()
+    mm_s = min(_timed(lambda: product(a, a).block_until_ready()) for _ in range(repeats))
+    return {
+        "read_bandwidth_gb_s": round(buffer_bytes / read / 1e9, 2),
+        "matmul_peak_gflop_s": round(2 * matmul_size**3 / mm_s / 1e9, 1),
+    }
+
+
+def weight_bytes_per_token(model) -> int:
+    """Bytes of the weights one decoding step reads: every array but the embedding tables
+    that are only gathered from (the input table when the head is untied, learned positions)."""
+    import equinox as eqx
+    import jax
+
+    total = sum(x.nbytes for x in jax.tree.leaves(eqx.filter(model, eqx.is_array)))
+    gathered = [model.pos_embed] if model.pos_embed is not None else []
+    if model.lm_head is not None:
+        gathered.append(model.embed)
+    return total - sum(e.weight.array.nbytes for e in gathered)
+
+
+def flops_per_token(model, context: float) -> float:
+    """FLOPs of one token: 2 per matmul weight, plus attention's two products over `context`
+    keys (embedding gathers and norms left out)."""
+    cfg = model.config
+    weights = weight_bytes_per_token(model) / model.embed.weight.array.dtype.itemsize
+    attention = 4 * cfg.num_layers * cfg.num_heads * cfg.head_size * context
+    return 2 * weights + attention
+
+
+def roofline_seconds(
+    *,
+    weight_bytes: float,
+    flops: float,
+    batch: int,
+    prompt_len: int,
+    new_tokens: int,
+    bandwidth: float,
+    peak: float,
+) -> float:
+    """The fastest a generate call can be: the prefill, then `new_tokens - 1` decoding steps,
+    each the longer of reading `weight_bytes` at `bandwidth` (bytes/s) and doing its FLOPs
+    (`flops` per token) at `peak` (FLOP/s).
+
+    >>> roofline_seconds(weight_bytes=10.0, flops=1.0, batch=2, prompt_len=8, new_tokens=3,
+    ...                  bandwidth=10.0, peak=4.0)  # prefill 16 / 4 = 4 s, steps 1 s each
+    6.0
+    """
+    read = weight_bytes / bandwidth
+    prefill = max(read, batch * prompt_len * flops / peak)
+    return prefill + (new_tokens - 1) * max(read, batch * flops / peak)
 
 
 def _compile_kwargs(backend: str) -> dict:
@@ -115,8 +201,10 @@ def measure_shape(
     repeats: int,
     compile_backend: str = "inductor",
     batches: tuple[int, ...] = BATCHES,
+    probe: tuple[int, int] = PROBE,
 ) -> dict:
-    """Tokens/s of `meltemi.models.generate` and both `transformers` baselines on one shape.
+    """Tokens/s of `meltemi.models.generate`, the engine and both `transformers` baselines on
+    one shape, and each side's fraction of the roofline.
 
     Args:
         hf_config: `transformers.LlamaConfig` fields of the random checkpoint.
@@ -125,6 +213,7 @@ def measure_shape(
         compile_backend: `torch.compile` backend of the static-cache baseline (`"inductor"` in
             the bench; the test uses `"eager"` to skip inductor's minutes of C++ compilation).
         batches: batch sizes to measure.
+        probe: `machine_roofline`'s buffer bytes and matmul size.
 
     Returns:
         A flat dict of figures, keys suffixed `_bs{batch}`.
@@ -134,6 +223,7 @@ def measure_shape(
 
     import meltemi.models as mm
     from meltemi.models import hf
+    from meltemi.models.engine import Engine, EngineConfig, Request
 
     transformers.logging.set_verbosity_error()
     torch.compiler.reset()  # each shape compiles afresh (and stays under dynamo's recompile limit)
@@ -149,13 +239,21 @@ def measure_shape(
     static_model.forward = torch.compile(static_model.forward, **_compile_kwargs(compile_backend))
     default_threads = torch.get_num_threads()
     rng = np.random.default_rng(0)
+    roof = machine_roofline(*probe)
     out: dict = {
         "params": sum(p.numel() for p in eager_model.parameters()),
         "new_tokens": new_tokens,
         "prompt_len": PROMPT_LEN,
         "repeats": repeats,
         "compile_backend": compile_backend,
+        "weight_bytes_per_token": weight_bytes_per_token(model),
+        "flops_per_token": flops_per_token(model, PROMPT_LEN + new_tokens / 2),
+        **roof,
     }
+    context = PROMPT_LEN + new_tokens
+    page = 16
+    page_bytes = 2 * model.config.num_layers * page * model.config.num_kv_heads
+    page_bytes *= model.config.head_size * model.embed.weight.array.dtype.itemsize
     for batch in batches:
         prompts = rng.integers(1, hf_config["vocab_size"], (batch, PROMPT_LEN)).tolist()
         ids = torch.tensor(prompts)
@@ -180,12 +278,36 @@ def measure_shape(
             finally:
                 torch.set_num_threads(default_threads)
 
+        def engine_call(engine, prompts=prompts):
+            ids = [engine.submit(Request(p, new_tokens, stop_ids=())) for p in prompts]
+            done = engine.run_until_done()
+            return [done[i][0] for i in ids]
+
+        engines = {
+            f"engine_steps{k}": Engine(
+                model,
+                EngineConfig(
+                    kv_bytes=(batch * -(-context // page) + 1) * page_bytes,
+                    page_size=page,
+                    max_seqs=batch,
+                    max_seq_len=context,
+                    prefill_chunk=PROMPT_LEN,
+                    decode_steps=k,
+                ),
+            )
+            for k in ENGINE_STEPS
+        }
+
         # Warm-up: every side at this shape and batch, first calls (compiles) reported apart.
         first: dict[str, float] = {}
         tokens: dict[str, list] = {}
         t = time.perf_counter()
         tokens["generate"] = ours()
         first["generate"] = time.perf_counter() - t
+        for side, engine in engines.items():
+            t = time.perf_counter()
+            tokens[side] = engine_call(engine)
+            first[side] = time.perf_counter() - t
         threads: dict[str, int] = {}
         for side in BASELINES:
             t = time.perf_counter()
@@ -195,6 +317,8 @@ def measure_shape(
             single = min(_timed(lambda s=side: theirs(s, 1)) for _ in range(2))
             threads[side] = default_threads if default < single else 1
         calls: dict[str, Callable[[], object]] = {"generate": ours}
+        for side, engine in engines.items():
+            calls[side] = functools.partial(engine_call, engine)
         for side in BASELINES:
             calls[side] = functools.partial(theirs, side, threads[side])
 
@@ -207,8 +331,28 @@ def measure_shape(
 
         n = batch * new_tokens
         b = f"_bs{batch}"
+        bound = roofline_seconds(
+            weight_bytes=out["weight_bytes_per_token"],
+            flops=out["flops_per_token"],
+            batch=batch,
+            prompt_len=PROMPT_LEN,
+            new_tokens=new_tokens,
+            bandwidth=roof["read_bandwidth_gb_s"] * 1e9,
+            peak=roof["matmul_peak_gflop_s"] * 1e9,
+        )
+        out[f"roofline_tokens_per_s{b}"] = _sig(n / bound)
+        for side in ("generate", *engines, *BASELINES):
+            out[f"roofline_fraction_{side}{b}"] = _sig(bound / float(np.median(times[side])))
         out[f"generate_tokens_per_s{b}"] = round(n / float(np.median(times["generate"])), 1)
         out[f"generate_first_call_s{b}"] = round(first["generate"], 2)
+        for side in engines:
+            ratios = [gen / eng for eng, gen in zip(times[side], times["generate"])]
+            q1, median, q3 = _quartiles(ratios)
+            out[f"{side}_tokens_per_s{b}"] = round(n / float(np.median(times[side])), 1)
+            out[f"{side}_vs_generate{b}"] = round(median, 2)
+            out[f"{side}_vs_generate{b}_iqr"] = [round(q1, 2), round(q3, 2)]
+            out[f"{side}_first_call_s{b}"] = round(first[side], 2)
+            out[f"greedy_tokens_equal_{side}{b}"] = tokens[side] == tokens["generate"]
         for side in BASELINES:
             ratios = [h / o for o, h in zip(times["generate"], times[side])]
             q1, median, q3 = _quartiles(ratios)
@@ -246,7 +390,8 @@ def measure(
 
     Returns:
         `{"generate_shapes": {name: figures}, ...}` with `generate_vs_fastest_transformers_bs*`
-        (and `_iqr`), `fastest_transformers_bs*` and `generate_headline_shape` at the top level.
+        (and `_iqr`), `fastest_transformers_bs*`, `roofline_fraction_*` and
+        `generate_headline_shape` at the top level.
     """
     table = QUICK_SHAPES if quick else {name: SHAPES[name] for name in shapes or SHAPES}
     out: dict = {"load_average_before": round(os.getloadavg()[0], 1), "generate_shapes": {}}
@@ -257,11 +402,14 @@ def measure(
             new_tokens=new_tokens,
             repeats=repeats or rounds,
             compile_backend=compile_backend,
+            probe=QUICK_PROBE if quick else PROBE,
         )
     headline = max(out["generate_shapes"], key=lambda s: out["generate_shapes"][s]["params"])
     out["generate_headline_shape"] = headline
     for key, value in out["generate_shapes"][headline].items():
-        if key.startswith(("generate_vs_fastest_transformers", "fastest_transformers")):
+        if key.startswith(
+            ("generate_vs_fastest_transformers", "fastest_transformers", "roofline_fraction")
+        ):
             out[key] = value
     out["load_average_after"] = round(os.getloadavg()[0], 1)
     return out

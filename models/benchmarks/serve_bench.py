@@ -4,21 +4,25 @@ A fixed trace (seeded): requests with mixed prompt and output lengths arriving a
 each sent by its own client thread (the official `openai` client, streaming) to
 `meltemi.models.serve` on a loopback port. The same trace is then served one request at a time
 (each sent when the previous one finished) by the same server, and, where `transformers` is
-installed, generated one request at a time by `transformers`' eager `generate` on the same
-weights (same process; torch at the faster of its default threads and one thread, as
-`generate_bench`). Greedy, `ignore_eos`, so every request yields exactly its
-`max_tokens`.
+installed, generated one request at a time by `transformers` on the same weights (same
+process; torch at the faster of its default threads and one thread, as `generate_bench`), in
+its two modes: eager `generate` (dynamic cache; for continuity) and its documented fast recipe,
+static cache + `torch.compile(forward, mode="reduce-overhead", fullgraph=True, dynamic=False)`.
+With `dynamic=False` every new input shape compiles, so that side left-pads each prompt to a
+power of two (at least 16 tokens, with its attention mask) and keeps one static cache of the
+context length for every request: it compiles one prefill per prompt bucket and one decoding
+step, all before timing (`transformers_static_compile_warmup_s`; graphs compiled during the
+timed trace: `transformers_static_compile_recompiles`, the goal is 0). Greedy, `ignore_eos`,
+so every request yields exactly its `max_tokens`.
 
-Reported (JSON): output tokens/s of each side and the ratios `concurrent_vs_sequential` and
-`concurrent_vs_transformers_eager_sequential`; time to first token (from the request's arrival)
-and inter-token latency p50/p99 of each side; `itl_p99_vs_sequential_itl_p50`
-(the goal: at most 2); compilations during the timed runs (`compiles_during_trace`: the goal
-is 0). Models are `generate_bench`'s random Llamas: `quick` (toy, for the test) and `large` (12
-layers, hidden 768, 162M parameters with the untied vocabulary of 32000).
-
-`transformers` with static cache + `torch.compile` is not run on the trace: with
-`dynamic=False` every new prompt length recompiles (minutes each on two cores);
-`generate_bench.py` measures it at a fixed batch.
+Reported (JSON): output tokens/s of each side and the ratios `concurrent_vs_sequential`,
+`concurrent_vs_transformers_{eager,static_compile}_sequential` and
+`concurrent_vs_fastest_transformers_sequential` (against the faster of the two); time to first
+token (from the request's arrival) and inter-token latency p50/p99 of each side (the
+`transformers` sides through a streamer); `itl_p99_vs_sequential_itl_p50` (the goal: at most
+2); compilations during the timed runs (`compiles_during_trace`: the goal is 0); the load
+average before and after. Models are `generate_bench`'s random Llamas: `quick` (toy, for the
+test) and `large` (12 layers, hidden 768, 162M parameters with the untied vocabulary of 32000).
 
     python models/benchmarks/serve_bench.py [--quick] [--requests=24] [--rate=2.0]
 """
@@ -40,11 +44,15 @@ sys.path.append(str(pathlib.Path(__file__).resolve().parent))
 import generate_bench  # noqa: E402 - the same random checkpoints and shapes
 
 NAME = "bench"
-# (requests, arrivals per second, prompt lengths, output lengths, max_seqs, max_seq_len)
+# (requests, arrivals per second, prompt lengths, output lengths, max_seqs, max_seq_len,
+# prefill chunk: at 162M a 16-token chunk costs about one weight-bound decoding step, so a
+# step that also prefills is not much longer than one that does not)
 TRACES = {
-    "quick": dict(requests=8, rate=20.0, prompts=(3, 17), outputs=(4, 12), max_seqs=4, ctx=64),
-    "large": dict(requests=24, rate=2.0, prompts=(8, 96), outputs=(16, 64), max_seqs=8, ctx=256),
-}
+    "quick": dict(requests=8, rate=20.0, prompts=(3, 17), outputs=(4, 12), max_seqs=4, ctx=64,
+                  chunk=64),
+    "large": dict(requests=24, rate=2.0, prompts=(8, 96), outputs=(16, 64), max_seqs=8, ctx=256,
+                  chunk=16),
+}  # fmt: skip
 
 
 def make_trace(requests: int, rate: float, prompts: tuple, outputs: tuple, vocab: int, seed=0):
@@ -137,25 +145,102 @@ def run_trace(url: str, trace: list, *, concurrent_clients: bool) -> dict:
     }
 
 
-def transformers_sequential(model, trace: list, threads: int | None = None) -> dict:
-    """`transformers`' eager `generate`, one request after another, at `threads` torch
-    threads (default: torch's): tokens/s."""
+def prompt_bucket(length: int, smallest: int = 16) -> int:
+    """The padded prompt width of the static-cache side: a power of two, at least `smallest`."""
+    return max(smallest, 1 << (length - 1).bit_length())
+
+
+class _Clock:
+    """A `transformers` streamer that records when each new token arrives (the first `put`
+    is the prompt)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._prompt_seen = False
+
+    def put(self, value) -> None:
+        if self._prompt_seen:
+            self.times.append(time.perf_counter())
+        self._prompt_seen = True
+
+    def end(self) -> None:
+        pass
+
+
+def transformers_sequential(
+    model, trace: list, threads: int | None = None, *, static_cache=None
+) -> dict:
+    """`transformers`' `generate`, one request after another, at `threads` torch threads
+    (default: torch's): tokens/s, TTFT and inter-token latency. With `static_cache` (a
+    `StaticCache` of the context length, reused), prompts are left-padded to `prompt_bucket`."""
     import torch
 
     default = torch.get_num_threads()
     torch.set_num_threads(threads or default)
-    tokens, t = 0, time.perf_counter()
+    tokens, ttft, itl = 0, [], []
+    t = time.perf_counter()
     with torch.no_grad():
         for _, prompt, max_tokens in trace:
+            ids = torch.tensor([prompt])
+            extra = {}
+            if static_cache is not None:
+                width = prompt_bucket(len(prompt))
+                ids = torch.tensor([[0] * (width - len(prompt)) + prompt])
+                mask = torch.zeros_like(ids)
+                mask[:, width - len(prompt) :] = 1
+                static_cache.reset()
+                extra = dict(attention_mask=mask, past_key_values=static_cache)
+            clock, sent = _Clock(), time.perf_counter()
             out = model.generate(
-                torch.tensor([prompt]), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                do_sample=False, eos_token_id=None, pad_token_id=0,
+                ids, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
+                eos_token_id=None, pad_token_id=0, streamer=clock, **extra,
             )  # fmt: skip
-            tokens += out.shape[1] - len(prompt)
+            tokens += out.shape[1] - ids.shape[1]
+            ttft.append(clock.times[0] - sent)
+            itl.extend(np.diff(clock.times).tolist())
     wall = time.perf_counter() - t
     torch.set_num_threads(default)
+    (t50, t99), (i50, i99) = _percentiles(ttft), _percentiles(itl)
     return {"output_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
-            "threads": threads or default}  # fmt: skip
+            "threads": threads or default, "ttft_p50_s": t50, "ttft_p99_s": t99,
+            "itl_p50_s": i50, "itl_p99_s": i99}  # fmt: skip
+
+
+def _graphs() -> int:
+    """Graphs `torch.compile` has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _static_compile_baseline(directory, trace: list, ctx: int, compile_backend: str) -> dict:
+    """The static cache + `torch.compile` side: compiles every prompt bucket of `trace` and the
+    decoding step first (timed apart), then serves `trace` one request at a time."""
+    import torch
+    import transformers
+    from transformers import StaticCache
+
+    torch.compiler.reset()
+    # Dynamo's default of 8 graphs per frame is hit at 162M (prompt buckets x its own guards):
+    # allow more here, and count what compiles during the timed trace instead.
+    torch._dynamo.config.recompile_limit = 64
+    model = transformers.LlamaForCausalLM.from_pretrained(directory).eval()
+    model.forward = torch.compile(model.forward, **generate_bench._compile_kwargs(compile_backend))
+    cache = StaticCache(config=model.config, max_cache_len=ctx)
+    widths = sorted({prompt_bucket(len(p)) for _, p, _ in trace})
+    # One warm-up request per prompt bucket: every graph the trace needs is compiled here.
+    warm = [(0.0, [2] * w, 2) for w in widths]
+    t = time.perf_counter()
+    transformers_sequential(model, warm, static_cache=cache)
+    warmup_s = time.perf_counter() - t
+    speed = {n: transformers_sequential(model, warm[:1], n, static_cache=cache)["wall_s"]
+             for n in (torch.get_num_threads(), 1)}  # fmt: skip
+    graphs = _graphs()
+    out = transformers_sequential(model, trace, min(speed, key=speed.get), static_cache=cache)
+    out["recompiles"] = _graphs() - graphs
+    out["warmup_s"] = warmup_s
+    out["prompt_buckets"] = widths
+    return out
 
 
 def _compiles(url: str) -> float:
@@ -168,8 +253,12 @@ def _compiles(url: str) -> float:
 
 
 def measure(quick: bool = False, *, requests: int | None = None, rate: float | None = None,
-            transformers_baseline: bool = True) -> dict:  # fmt: skip
-    """Runs the trace on one shape (`quick`: the toy) and returns the figures."""
+            transformers_baseline: bool = True,
+            compile_backend: str = "inductor") -> dict:  # fmt: skip
+    """Runs the trace on one shape (`quick`: the toy) and returns the figures
+    (`compile_backend`: of the static-cache baseline; the test passes `"eager"`)."""
+    import os
+
     from meltemi.models.engine import EngineConfig
     from meltemi.models.serve import BackgroundServer, load_app
 
@@ -186,9 +275,10 @@ def measure(quick: bool = False, *, requests: int | None = None, rate: float | N
     page_bytes = 2 * layers * page * heads * hf_config["head_dim"] * 4
     config = EngineConfig(
         kv_bytes=(max_seqs * (ctx // page) + 1) * page_bytes, page_size=page, max_seqs=max_seqs,
-        max_seq_len=ctx, prefill_chunk=64, max_waiting=len(trace),
+        max_seq_len=ctx, prefill_chunk=spec["chunk"], max_waiting=len(trace),
     )  # fmt: skip
-    out: dict = {"shape": shape, "trace": {k: v for k, v in spec.items() if k != "ctx"}}
+    out: dict = {"shape": shape, "trace": {k: v for k, v in spec.items() if k != "ctx"},
+                 "load_average_before": round(os.getloadavg()[0], 1)}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         directory = pathlib.Path(tmp)
         torch_model = write_checkpoint(hf_config, directory, ctx)
@@ -215,13 +305,28 @@ def measure(quick: bool = False, *, requests: int | None = None, rate: float | N
             out["transformers_eager_sequential"] = transformers_sequential(
                 torch_model, trace, threads
             )
+            static = _static_compile_baseline(directory, trace, ctx, compile_backend)
+            out["transformers_static_compile_warmup_s"] = static.pop("warmup_s")
+            out["transformers_static_compile_recompiles"] = static.pop("recompiles")
+            out["transformers_static_compile_prompt_buckets"] = static.pop("prompt_buckets")
+            out["transformers_static_compile_sequential"] = static
     c, s = out["concurrent"], out["sequential"]
     out["concurrent_vs_sequential"] = c["tokens_per_s"] / s["tokens_per_s"]
     out["itl_p99_vs_sequential_itl_p50"] = c["itl_p99_s"] / s["itl_p50_s"]
     if transformers_baseline:
-        base = out["transformers_eager_sequential"]["tokens_per_s"]
-        out["concurrent_vs_transformers_eager_sequential"] = c["tokens_per_s"] / base
-        out["sequential_vs_transformers_eager_sequential"] = s["tokens_per_s"] / base
+        for side in ("eager", "static_compile"):
+            base = out[f"transformers_{side}_sequential"]["tokens_per_s"]
+            out[f"concurrent_vs_transformers_{side}_sequential"] = c["tokens_per_s"] / base
+            out[f"sequential_vs_transformers_{side}_sequential"] = s["tokens_per_s"] / base
+        speeds = {x: out[f"transformers_{x}_sequential"]["tokens_per_s"] for x in
+                  ("eager", "static_compile")}  # fmt: skip
+        fastest = max(speeds, key=speeds.get)
+        out["fastest_transformers_sequential"] = f"transformers_{fastest}"
+        for k in ("concurrent", "sequential"):
+            out[f"{k}_vs_fastest_transformers_sequential"] = out[
+                f"{k}_vs_transformers_{fastest}_sequential"
+            ]
+    out["load_average_after"] = round(os.getloadavg()[0], 1)
     return out
 
 
@@ -231,10 +336,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=None, help="requests in the trace")
     p.add_argument("--rate", type=float, default=None, help="arrivals per second")
     p.add_argument("--no_transformers", action="store_true", help="skip the transformers side")
+    p.add_argument("--compile_backend", default="inductor", help="of the static-cache side")
     args = p.parse_args(argv)
     result = measure(
         args.quick, requests=args.requests, rate=args.rate,
-        transformers_baseline=not args.no_transformers,
+        transformers_baseline=not args.no_transformers, compile_backend=args.compile_backend,
     )  # fmt: skip
     print(json.dumps(result, indent=2))
     return 0

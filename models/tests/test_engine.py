@@ -10,12 +10,14 @@ import pytest
 
 import meltemi.models as mm
 from meltemi.models.engine import (
+    PAGED_BACKENDS,
     Engine,
     EngineConfig,
     EngineError,
     QueueFullError,
     Request,
     RequestError,
+    reference_paged_attention,
 )
 
 CFG = mm.get_preset("tiny-llama").replace(max_seq_len=64)
@@ -298,7 +300,39 @@ def test_several_decoding_steps_per_call_give_the_same_events(model):
     np.testing.assert_allclose([e.logprob for e in four], [e.logprob for e in one], atol=1e-5)
 
 
-# -- compiles and weights ---------------------------------------------------------------------
+# -- shapes, compiles and weights --------------------------------------------------------------
+
+
+def test_decoding_attends_only_over_the_live_samples_and_their_pages(model, monkeypatch):
+    seen = set()  # (batch, query length, pages) of each traced attention call
+
+    def recording(q, k_pool, v_pool, page_table, q_positions, **kwargs):
+        seen.add((*q_positions.shape, page_table.shape[1]))
+        return reference_paged_attention(q, k_pool, v_pool, page_table, q_positions, **kwargs)
+
+    monkeypatch.setitem(PAGED_BACKENDS, "recording_e3", recording)
+    engine = Engine(model, dataclasses.replace(CONFIG, attention_backend="recording_e3"))
+    rid = engine.submit(Request([5, 60], 3, stop_ids=()))  # positions 0..3: one page of 4
+    assert len(engine.run_until_done()[rid][0]) == 3
+    assert seen == {(1, 8, 1), (1, 1, 1)}  # prefill chunk of 8, then batch 1 over 1 page
+    seen.clear()
+    ids = [engine.submit(Request(p, 10, stop_ids=())) for p in PROMPTS]
+    out = engine.run_until_done()
+    # 17 + 10 - 1 positions need 7 pages (bucket 8); 3 samples decode as a batch of 4; the
+    # first to be admitted decodes alone while the others prefill, the last ones in pairs.
+    assert {s for s in seen if s[1] == 1} <= {(b, 1, p) for b in (1, 2, 4) for p in (1, 2, 4, 8)}
+    assert (4, 1, 8) in seen and max(s[2] for s in seen) == 8
+    engine = Engine(model, CONFIG)
+    assert [out[i] for i in ids] == _tokens(engine, [engine.submit(Request(p, 10, stop_ids=()))
+                                                     for p in PROMPTS])  # fmt: skip
+
+
+def test_warmup_compiles_every_bucket_once(model):
+    engine = Engine(model, dataclasses.replace(CONFIG, decode_steps=2))
+    # batch buckets 1, 2, 4 x page buckets 1, 2, 4, 8, 16, twice (1 and 2 steps); prefill at
+    # each page bucket; the page copy.
+    assert engine.num_programs == 2 * 3 * 5 + 5 + 1
+    assert _compiles(engine.warmup) == engine.num_programs
 
 
 def _mixed_load(engine, rng):

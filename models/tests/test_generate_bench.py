@@ -1,4 +1,5 @@
-"""The generation bench's quick mode: both `transformers` baselines measured, tokens agree.
+"""The generation bench's quick mode: both `transformers` baselines and the engine measured,
+tokens agree, roofline fractions reported against the bound computed from the counted weights.
 
 The static-cache baseline compiles `forward` with `torch.compile(backend="eager")` here: the
 same static cache, dynamo capture (`fullgraph=True`) and graphs per shape as the bench's
@@ -54,10 +55,56 @@ def test_headline_is_the_ratio_against_the_strongest_baseline(quick):
         )
 
 
+def test_engine_greedy_tokens_equal_generate(quick):
+    shape = quick["generate_shapes"]["quick"]
+    for batch in generate_bench.BATCHES:
+        for k in generate_bench.ENGINE_STEPS:
+            side = f"engine_steps{k}"
+            assert shape[f"greedy_tokens_equal_{side}_bs{batch}"] is True, (side, batch)
+            assert shape[f"{side}_tokens_per_s_bs{batch}"] > 0
+
+
+def test_roofline_counts_every_weight_but_the_untied_embedding_table(quick):
+    shape = quick["generate_shapes"]["quick"]
+    hf = generate_bench.QUICK_SHAPES["quick"]
+    # transformers' parameter count, minus the input table (untied head), float32.
+    assert shape["weight_bytes_per_token"] == 4 * (
+        shape["params"] - hf["vocab_size"] * hf["hidden_size"]
+    )
+    assert shape["read_bandwidth_gb_s"] > 0 and shape["matmul_peak_gflop_s"] > 0
+
+
+def test_roofline_fraction_is_tokens_per_s_over_the_bound(quick):
+    shape = quick["generate_shapes"]["quick"]
+    sides = ("generate", *(f"engine_steps{k}" for k in generate_bench.ENGINE_STEPS), *BASELINES)
+    for batch in generate_bench.BATCHES:
+        b = f"_bs{batch}"
+        bound = shape[f"roofline_tokens_per_s{b}"]
+        for side in sides:
+            expected = shape[f"{side}_tokens_per_s{b}"] / bound
+            # tokens/s are rounded to 0.1, fractions to 4 significant digits.
+            assert shape[f"roofline_fraction_{side}{b}"] == pytest.approx(
+                expected, rel=1e-3, abs=0.05 / bound
+            )
+        assert quick[f"roofline_fraction_generate{b}"] == shape[f"roofline_fraction_generate{b}"]
+
+
+def test_roofline_bound_is_the_slower_of_reading_and_computing():
+    common = dict(weight_bytes=8e9, batch=8, prompt_len=16, new_tokens=33, bandwidth=4e9)
+    # Reading 8 GB at 4 GB/s takes 2 s; 8 rows x 1 GFLOP at 100 GFLOP/s take 0.08 s.
+    assert generate_bench.roofline_seconds(flops=1e9, peak=100e9, **common) == pytest.approx(
+        max(2.0, 16 * 0.08) + 32 * 2.0
+    )
+    # At 1 GFLOP/s computing is the bound: 8 s per step, 16x that for the prefill.
+    assert generate_bench.roofline_seconds(flops=1e9, peak=1e9, **common) == pytest.approx(
+        16 * 8.0 + 32 * 8.0
+    )
+
+
 def test_headline_shape_is_the_largest_measured(monkeypatch):
     calls = []
 
-    def fake_shape(hf_config, *, new_tokens, repeats, compile_backend):
+    def fake_shape(hf_config, *, new_tokens, repeats, compile_backend, probe):
         calls.append((hf_config["hidden_size"], new_tokens, repeats))
         size = hf_config["hidden_size"]
         return {"params": size, "fastest_transformers_bs1": f"side{size}"}

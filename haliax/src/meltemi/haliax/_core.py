@@ -232,13 +232,16 @@ class NamedArray:
     def item(self):
         return self.array.item()
 
-    def __jax_array__(self):
-        if self.axes:
-            raise TypeError(
-                f"a NamedArray with axes {_fmt_axes(self.axes)} cannot be used as a plain array; "
-                f"use `.array` (or `.rearrange(...)` first to choose the order)"
-            )
-        return self.array
+    # No `__jax_array__`, as in Haliax: `jnp` functions take `.array`, and `raw + named` defers
+    # to NamedArray's operators (a raw scalar plus a named scalar stays named).
+    def __float__(self) -> float:
+        return float(self.array)
+
+    def __int__(self) -> int:
+        return int(self.array)
+
+    def __complex__(self) -> complex:
+        return complex(self.array)
 
     def __bool__(self):
         # as Haliax and JAX: any single-element array (axes of size 1 too) has a truth value
@@ -518,9 +521,25 @@ class NamedArray:
         return _hax._reductions.argmin(self, axis)
 
 
-def _binop(fn: Any, a: Any, b: Any) -> NamedArray:
-    axes, (ra, rb) = _raw_operands(a, b)
+def _binop(fn: Any, a: Any, b: Any) -> Any:
+    if _scalar_with_unnamed_array(a, b):
+        return fn(_unwrap_scalar(a), _unwrap_scalar(b))
+    axes, (ra, rb) = _raw_operands(a, b, context=fn.__name__)
     return NamedArray(fn(ra, rb), axes)
+
+
+def _scalar_with_unnamed_array(a: Any, b: Any) -> bool:
+    """Haliax's rule: a NamedArray without axes and an unnamed array with dimensions give an
+    unnamed result (`jnp_array + named_scalar`), as the plain scalar would."""
+    for n, r in ((a, b), (b, a)):
+        if isinstance(n, NamedArray) and not n.axes and not isinstance(r, NamedArray):
+            if r is not None and np.ndim(r) != 0:
+                return True
+    return False
+
+
+def _unwrap_scalar(x: Any) -> Any:
+    return x.array if isinstance(x, NamedArray) else x
 
 
 def is_named_array(x: Any) -> bool:
@@ -668,8 +687,14 @@ def _align(array: NamedArray, out_axes: Sequence[Axis]) -> jax.Array:
     return arr
 
 
-def _broadcast_axes(*arrays: NamedArray) -> tuple[Axis, ...]:
-    """Result axes when broadcasting by name: the largest operand's order, then new axes."""
+def _broadcast_axes(
+    *arrays: NamedArray, require_subset: bool = True, context: str = "broadcasting"
+) -> tuple[Axis, ...]:
+    """Result axes when broadcasting by name: the order of the operand with the most axes.
+
+    With `require_subset` (Haliax's rule, the default for every elementwise op) that operand
+    must have every other operand's axes; without it the others' missing axes are appended.
+    """
     if not arrays:
         return ()
     base = max(arrays, key=lambda a: a.ndim)
@@ -678,27 +703,55 @@ def _broadcast_axes(*arrays: NamedArray) -> tuple[Axis, ...]:
     for arr in arrays:
         for ax in arr.axes:
             if ax.name in by_name:
-                check_axes_match(by_name[ax.name], ax, "broadcasting")
+                check_axes_match(by_name[ax.name], ax, context)
             else:
                 by_name[ax.name] = ax
                 out.append(ax)
+    if require_subset and len(out) != base.ndim:
+        raise _not_subset_error(arrays, tuple(out), context)
     return tuple(out)
 
 
-def broadcast_arrays(*arrays: Any) -> tuple[Any, ...]:
-    """Aligns NamedArrays to a common axis order, with size-1 dims where an axis is missing.
+def _not_subset_error(
+    arrays: Sequence[NamedArray], union: tuple[Axis, ...], context: str
+) -> AxisError:
+    operands = ", ".join(_fmt_axes(a.axes) for a in arrays)
+    lacking = next(a for a in arrays if a.ndim and len(a.axes) < len(union))
+    have = {a.name for a in lacking.axes}
+    missing = [f"hax.Axis({a.name!r}, {a.size})" for a in union if a.name not in have]
+    spec = missing[0] if len(missing) == 1 else f"({', '.join(missing)})"
+    return AxisError(
+        f"{context}: cannot broadcast operands with axes {operands}: no operand has all the "
+        f"others' axes (Haliax's rule: one operand's axes must be a subset of the other's, so an "
+        f"outer product is never made by accident). To broadcast to the union "
+        f"{_fmt_axes(union)}, add the missing axes explicitly first, e.g. for the operand with "
+        f"axes {_fmt_axes(lacking.axes)}: `hax.broadcast_axis(x, {spec})` "
+        f"(or `hax.broadcast_to(x, <all axes>)`)"
+    )
 
-    Returns NamedArrays broadcast to the full common axes (scalars are left alone).
+
+def broadcast_arrays(
+    *arrays: Any, require_subset: bool = True, ensure_order: bool = True
+) -> tuple[Any, ...]:
+    """Broadcasts NamedArrays to common axes, in one order (scalars and None are left alone).
+
+    Args:
+        *arrays: NamedArrays, scalars or None.
+        require_subset: Haliax's rule: one array must have every other array's axes (else an
+            `AxisError`, a ValueError). False broadcasts any arrays to the union of their axes.
+        ensure_order: accepted for Haliax compatibility; the results always share one order.
     """
+    del ensure_order
     named_ = [a for a in arrays if isinstance(a, NamedArray)]
-    axes = _broadcast_axes(*named_)
+    axes = _broadcast_axes(*named_, require_subset=require_subset, context="broadcast_arrays")
     return tuple(broadcast_to(a, axes) if isinstance(a, NamedArray) else a for a in arrays)
 
 
-def _raw_operands(*args: Any) -> tuple[tuple[Axis, ...], list[Any]]:
-    """Aligned raw arrays (size-1 dims for missing axes) and the result axes."""
+def _raw_operands(*args: Any, context: str = "broadcasting") -> tuple[tuple[Axis, ...], list[Any]]:
+    """Aligned raw arrays (size-1 dims for missing axes) and the result axes (Haliax's rule:
+    one operand has every other's axes; `context` names the op in the error)."""
     named_ = [a for a in args if isinstance(a, NamedArray)]
-    axes = _broadcast_axes(*named_)
+    axes = _broadcast_axes(*named_, context=context)
     raws = []
     for a in args:
         if isinstance(a, NamedArray):

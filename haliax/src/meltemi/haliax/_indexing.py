@@ -2,7 +2,7 @@
 
 >>> import meltemi.haliax as hax
 >>> Pos, Embed = hax.Axis("pos", 5), hax.Axis("embed", 3)
->>> x = hax.arange(Pos) * hax.ones(Embed)
+>>> x = hax.broadcast_to(hax.arange(Pos), (Pos, Embed)) * hax.ones(Embed)
 >>> x[{"pos": 2}].axes
 (Axis(name='embed', size=3),)
 >>> x[{"pos": hax.ds(1, 2)}].shape

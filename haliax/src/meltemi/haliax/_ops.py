@@ -3,9 +3,9 @@
 >>> import jax.numpy as jnp
 >>> import meltemi.haliax as hax
 >>> A, B = hax.Axis("a", 2), hax.Axis("b", 3)
->>> x = hax.arange(B) * hax.ones(A)
+>>> x = hax.arange(B).broadcast_axis(A) * hax.ones(A)  # one operand has all the axes
 >>> x.axes
-(Axis(name='b', size=3), Axis(name='a', size=2))
+(Axis(name='a', size=2), Axis(name='b', size=3))
 >>> hax.exp(hax.zeros(A)).array
 Array([1., 1.], dtype=float32)
 """
@@ -27,6 +27,8 @@ from meltemi.haliax._core import (
     _as_tuple,
     _check_unique,
     _raw_operands,
+    _scalar_with_unnamed_array,
+    _unwrap_scalar,
     axis_name,
     check_axes_match,
     flatten_axes,
@@ -253,8 +255,10 @@ def _wrap_unary(fn: Callable, name: str | None = None) -> Callable:
 
 def _wrap_binary(fn: Callable) -> Callable:
     def wrapped(a, b, *args, **kwargs):
+        if _scalar_with_unnamed_array(a, b):
+            return fn(_unwrap_scalar(a), _unwrap_scalar(b), *args, **kwargs)
         if isinstance(a, NamedArray) or isinstance(b, NamedArray):
-            axes, (ra, rb) = _raw_operands(a, b)
+            axes, (ra, rb) = _raw_operands(a, b, context=fn.__name__)
             return NamedArray(fn(ra, rb, *args, **kwargs), axes)
         return fn(a, b, *args, **kwargs)
 
@@ -452,22 +456,49 @@ BINARY_OPS = (
 """Names of the elementwise two-argument ops (operands aligned by name)."""
 
 
-def where(condition: Any, x: Any = None, y: Any = None) -> NamedArray:
-    """`jnp.where(condition, x, y)` with all three aligned by name.
+def where(
+    condition: Any,
+    x: Any = None,
+    y: Any = None,
+    *,
+    fill_value: int | None = None,
+    new_axis: Axis | None = None,
+) -> Any:
+    """`jnp.where(condition, x, y)` with all three aligned by name (Haliax's rule: one operand
+    has every other's axes).
+
+    Args:
+        condition: bool NamedArray (or scalar).
+        x: value where `condition` is true.
+        y: value where it is false.
+        fill_value: one-argument form (no `x`, `y`): index for the unused slots.
+        new_axis: one-argument form: the axis of the indices (its size is the number of
+            indices, as `jnp.where(condition, size=...)`); one array per axis of `condition`.
 
     >>> A = Axis("a", 3)
     >>> where(arange(A) > 0, 1.0, 0.0).array
     Array([0., 1., 1.], dtype=float32, weak_type=True)
     """
-    if x is None or y is None:
-        raise TypeError("hax.where needs x and y (the one-argument form has no static shape)")
-    axes, (rc, rx, ry) = _raw_operands(condition, x, y)
+    if (x is None) != (y is None):
+        raise TypeError("hax.where: give both x and y, or neither (with fill_value= and new_axis=)")
+    if x is None:
+        if not isinstance(condition, NamedArray) or fill_value is None or new_axis is None:
+            raise TypeError(
+                "hax.where(condition) needs a NamedArray condition, fill_value= and new_axis= "
+                "(the number of indices must be static), e.g. "
+                "hax.where(mask, fill_value=-1, new_axis=hax.Axis('n', 16))"
+            )
+        idx = jnp.where(condition.array, size=new_axis.size, fill_value=fill_value)
+        return tuple(NamedArray(i, (new_axis,)) for i in idx)
+    if not any(isinstance(a, NamedArray) for a in (condition, x, y)):
+        return jnp.where(condition, x, y)
+    axes, (rc, rx, ry) = _raw_operands(condition, x, y, context="where")
     return NamedArray(jnp.where(rc, rx, ry), axes)
 
 
 def clip(a: NamedArray, a_min: Any = None, a_max: Any = None) -> NamedArray:
     """Clips `a` to `[a_min, a_max]` (bounds may be NamedArrays, aligned by name)."""
-    axes, (ra, lo, hi) = _raw_operands(a, a_min, a_max)
+    axes, (ra, lo, hi) = _raw_operands(a, a_min, a_max, context="clip")
     return NamedArray(jnp.clip(ra, lo, hi), axes)
 
 
@@ -493,7 +524,7 @@ def isclose(a: NamedArray, b: NamedArray, rtol=1e-5, atol=1e-8, equal_nan=False)
         atol: absolute tolerance.
         equal_nan: count NaNs in the same place as equal.
     """
-    axes, (ra, rb) = _raw_operands(a, b)
+    axes, (ra, rb) = _raw_operands(a, b, context="isclose")
     return NamedArray(jnp.isclose(ra, rb, rtol=rtol, atol=atol, equal_nan=equal_nan), axes)
 
 
@@ -540,7 +571,7 @@ def array_equiv(a: NamedArray, b: NamedArray) -> bool:
 
 def divmod(x1: Any, x2: Any) -> tuple[NamedArray, NamedArray]:
     """`(x1 // x2, x1 % x2)`, aligned by name."""
-    axes, (r1, r2) = _raw_operands(x1, x2)
+    axes, (r1, r2) = _raw_operands(x1, x2, context="divmod")
     q, r = jnp.divmod(r1, r2)
     return NamedArray(q, axes), NamedArray(r, axes)
 

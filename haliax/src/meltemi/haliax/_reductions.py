@@ -4,7 +4,7 @@
 
 >>> import meltemi.haliax as hax
 >>> A, B = hax.Axis("a", 2), hax.Axis("b", 3)
->>> x = hax.arange(B) * hax.ones(A)
+>>> x = hax.arange(B).broadcast_axis(A) * hax.ones(A)
 >>> hax.sum(x, axis="b").axes
 (Axis(name='a', size=2),)
 >>> float(hax.mean(x).scalar())
@@ -86,7 +86,7 @@ def _make_reduction(fn: Callable, name: str, supports_where: bool = True) -> Cal
         if where is not None:
             if not supports_where:
                 raise TypeError(f"hax.{name} does not take `where`")
-            _, (arr, w) = _raw_operands(array, where)
+            _, (arr, w) = _raw_operands(array, where, context=f"hax.{name} where=")
             w = jnp.broadcast_to(w, arr.shape)
             kwargs["where"] = w
         out = fn(arr, axis=idx, **kwargs)
@@ -164,7 +164,7 @@ def logsumexp(array: NamedArray, axis: AxisSelection | None = None, *, where=Non
     arr = array.array
     kwargs = {}
     if where is not None:
-        _, (arr, w) = _raw_operands(array, where)
+        _, (arr, w) = _raw_operands(array, where, context="hax.logsumexp where=")
         kwargs["where"] = jnp.broadcast_to(w, arr.shape)
     out = jax.nn.logsumexp(arr, axis=idx, **kwargs)
     return NamedArray(out, tuple(a for i, a in enumerate(array.axes) if i not in idx))

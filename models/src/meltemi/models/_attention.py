@@ -118,9 +118,13 @@ class MaskSpec(eqx.Module):
             near = (q - self.k_index) < window
             mask = mask & (near if sliding is True else near | ~jnp.asarray(sliding))
         if self.segment_ids is not None and self.kv_segment_ids is not None:
-            mask = mask & (self.segment_ids == self.kv_segment_ids)
+            seg, kv_seg = hax.broadcast_arrays(
+                self.segment_ids, self.kv_segment_ids, require_subset=False
+            )
+            mask = mask & (seg == kv_seg)
         if self.kv_valid is not None:
-            mask = mask & self.kv_valid
+            mask, kv_valid = hax.broadcast_arrays(mask, self.kv_valid, require_subset=False)
+            mask = mask & kv_valid
         return mask
 
 
@@ -252,7 +256,8 @@ def _dpa(q, k, v, mask: MaskSpec, window, softcap, scale) -> hax.NamedArray:
     if fused:
         dense = None
         if mask.segment_ids is not None and mask.kv_segment_ids is not None:
-            same = mask.segment_ids == mask.kv_segment_ids
+            seg = mask.segment_ids.broadcast_axis(mask.kv_segment_ids.axes)
+            same = seg == mask.kv_segment_ids
             dense = same.rearrange((BATCH, POSITION, KEY_POSITION)).array[:, None]
         out = jax.nn.dot_product_attention(
             qa,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from meltemi.models._families import FAMILIES, FAMILY_FACTS, Family, FamilyFacts
@@ -192,6 +193,91 @@ class RopeConfig:
 
     def replace(self, **changes: Any) -> RopeConfig:
         return _replace(self, **changes)
+
+    def scaled(self, rope_scaling: Mapping[str, Any]) -> RopeConfig:
+        """This rope (its theta and rotated fraction) with a Hugging Face `rope_scaling` dict.
+
+        The keys are `transformers`' (`rope_type`, `factor`, `original_max_position_embeddings`,
+        `low_freq_factor`, `high_freq_factor`, `beta_fast`, `beta_slow`, `attention_factor`,
+        `mscale`, `mscale_all_dim`, `truncate`, `rope_theta`); what a type does not use is an
+        error. `longrope` needs its per-frequency factors: set them on `RopeConfig` instead.
+
+        >>> RopeConfig(theta=500_000.0).scaled({"rope_type": "yarn", "factor": 16.0,
+        ...     "original_max_position_embeddings": 4096}).original_max_position
+        4096
+        """
+        params = dict(rope_scaling)
+        kind = params.pop("rope_type", None) or params.pop("type", None) or "default"
+        params.pop("type", None)
+        if kind not in _SCALING_KEYS:
+            close = difflib.get_close_matches(str(kind), list(_SCALING_KEYS), n=1)
+            fix = f'"rope_type": "{close[0]}"' if close else f"one of {sorted(_SCALING_KEYS)}"
+            _fail(
+                "RopeConfig", "rope_scaling", dict(rope_scaling), f"unknown rope_type {kind!r}", fix
+            )
+        unknown = sorted(set(params) - set(_SCALING_KEYS[kind]) - {"rope_theta"})
+        if unknown:
+            _fail(
+                "RopeConfig",
+                "rope_scaling",
+                dict(rope_scaling),
+                f"rope_type {kind!r} does not use {unknown}",
+                f"its keys are {list(_SCALING_KEYS[kind])}",
+            )
+        base = self.replace(
+            theta=float(params.pop("rope_theta", self.theta)),
+            scaling="default",
+            llama3_factor=None,
+        )
+        old = int(params.pop("original_max_position_embeddings", base.original_max_position))
+        if kind == "default":
+            return base
+        if "factor" not in params:
+            _fail(
+                "RopeConfig",
+                "rope_scaling",
+                dict(rope_scaling),
+                f"rope_type {kind!r} needs its 'factor'",
+                f'{{"rope_type": "{kind}", "factor": 8.0, ...}}',
+            )
+        if kind == "llama3":
+            return base.replace(
+                llama3_factor=float(params["factor"]),
+                low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+                high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+                original_max_position=old,
+            )
+        changes: dict[str, Any] = {"scaling": kind, "factor": float(params["factor"])}
+        if kind == "yarn":
+            changes.update(
+                original_max_position=old,
+                beta_fast=float(params.get("beta_fast", 32.0)),
+                beta_slow=float(params.get("beta_slow", 1.0)),
+                mscale=params.get("mscale"),
+                mscale_all_dim=params.get("mscale_all_dim"),
+                attention_factor=params.get("attention_factor"),
+                truncate=bool(params.get("truncate", True)),
+            )
+        return base.replace(**changes)
+
+
+# rope_type -> the keys of a `rope_scaling` dict `RopeConfig.scaled` reads for it.
+_SCALING_KEYS: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": (
+        "factor",
+        "original_max_position_embeddings",
+        "attention_factor",
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+        "truncate",
+    ),
+}
 
 
 LLAMA3_ROPE = RopeConfig(theta=500_000.0, llama3_factor=8.0)

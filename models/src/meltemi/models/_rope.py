@@ -58,8 +58,15 @@ def _exponents(dim: int) -> np.ndarray:
     return np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim
 
 
+def _powers(theta: float, dim: int) -> np.ndarray:
+    # `theta ** exponents` as torch computes a Python float to the power of a float32 tensor:
+    # in float64, rounded once to float32 (numpy's float32 pow is 1 ulp off on some entries,
+    # which at position 131,072 moves an angle by 0.008 rad).
+    return (np.float64(theta) ** _exponents(dim).astype(np.float64)).astype(np.float32)
+
+
 def _default(theta: float, dim: int) -> np.ndarray:
-    return (1.0 / (np.float32(theta) ** _exponents(dim))).astype(np.float32)
+    return (np.float32(1.0) / _powers(theta, dim)).astype(np.float32)
 
 
 def _yarn(rope: RopeConfig, dim: int) -> tuple[np.ndarray, float]:
@@ -84,7 +91,7 @@ def _yarn(rope: RopeConfig, dim: int) -> tuple[np.ndarray, float]:
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001  # as transformers: avoids a division by zero
-    pos_freqs = np.float32(base) ** _exponents(dim)
+    pos_freqs = _powers(base, dim)
     extrapolation = 1.0 / pos_freqs
     interpolation = 1.0 / (np.float32(factor) * pos_freqs)
     ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
@@ -143,7 +150,7 @@ class Rotary:
             return (_default(rope.theta, dim) / np.float32(rope.factor)).astype(np.float32), 1.0
         if kind == "longrope":
             short = np.asarray(rope.short_factor, np.float32)
-            inv = 1.0 / (short * np.float32(rope.theta) ** _exponents(dim))
+            inv = 1.0 / (short * _powers(rope.theta, dim))
             return inv.astype(np.float32), _longrope_attention(rope)
         return _default(rope.theta, dim), 1.0
 
@@ -165,7 +172,7 @@ class Rotary:
             return 1.0 / (base ** jnp.asarray(_exponents(dim))), scale
         if rope.scaling == "longrope":
             long = np.asarray(rope.long_factor, np.float32)
-            long_inv = (1.0 / (long * np.float32(rope.theta) ** _exponents(dim))).astype(np.float32)
+            long_inv = (1.0 / (long * _powers(rope.theta, dim))).astype(np.float32)
             return jnp.where(seq_len > old, jnp.asarray(long_inv), jnp.asarray(inv)), scale
         return jnp.asarray(inv), scale
 
@@ -184,7 +191,8 @@ class Rotary:
         half = dim // 2
         inv, scale = self.frequencies(positions)
         Half = hax.Axis("__rotary_half__", half)  # noqa: N806
-        angles = positions.astype(jnp.float32) * hax.named(inv, (Half,))
+        angles = hax.broadcast_to(positions.astype(jnp.float32), positions.axes + (Half,))
+        angles = angles * hax.named(inv, (Half,))
         cos = hax.named(jnp.cos(angles.array) * scale, angles.axes).astype(x.dtype)
         sin = hax.named(jnp.sin(angles.array) * scale, angles.axes).astype(x.dtype)
         i = x.axis_index(Head)

@@ -99,6 +99,8 @@ def reduce_loss(
     w = weight
     if where is not None:
         mask = where.astype(arr.dtype if weight is None else weight.dtype)
+        if w is not None:  # each may have only some of `arr`'s axes: give both all of them
+            w, mask = (broadcast_to(v, arr.axes, enforce_no_extra_axes=False) for v in (w, mask))
         w = mask if w is None else w * mask
     if w is not None:
         w = broadcast_to(w, arr.axes, enforce_no_extra_axes=False).astype(arr.dtype)

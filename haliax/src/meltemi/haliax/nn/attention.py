@@ -32,6 +32,7 @@ from meltemi.haliax._core import (
     _fmt_axes,
     axis_name,
     axis_size,
+    broadcast_arrays,
     rename,
 )
 from meltemi.haliax._dot import dot
@@ -147,7 +148,7 @@ def alibi_attention_bias(
     [[0.0, 0.0625, 0.125], [0.0, 0.00390625, 0.0078125]]
     """
     slopes = NamedArray(jnp.asarray(_alibi_slopes(Heads.size, bias_max)), (Heads,))
-    return (slopes * arange(KPos)).rearrange((Heads, KPos)).astype(dtype)
+    return (slopes * arange(KPos).broadcast_axis(Heads)).rearrange((Heads, KPos)).astype(dtype)
 
 
 def segment_mask(q_segment_ids: NamedArray, kv_segment_ids: NamedArray) -> NamedArray:
@@ -155,7 +156,8 @@ def segment_mask(q_segment_ids: NamedArray, kv_segment_ids: NamedArray) -> Named
 
     The two id arrays must use different position axis names (e.g. `pos` and `key_pos`).
     """
-    return q_segment_ids == kv_segment_ids
+    q, kv = broadcast_arrays(q_segment_ids, kv_segment_ids, require_subset=False)  # outer ==
+    return q == kv
 
 
 def combine_masks_and(a: NamedArray | None, b: NamedArray | None) -> NamedArray | None:

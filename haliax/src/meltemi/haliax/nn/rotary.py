@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from meltemi.haliax._core import Axis, AxisError, AxisSelector, NamedArray
+from meltemi.haliax._core import Axis, AxisError, AxisSelector, NamedArray, broadcast_to
 
 __all__ = ["Llama3RopeScaling", "RotaryConfig", "rotary_inv_frequencies", "apply_rotary"]
 
@@ -93,7 +93,9 @@ def apply_rotary(
     half = Head.size // 2
     inv = jnp.asarray(rotary_inv_frequencies(Head.size, theta, scaling))
     Half = Axis("__rotary_half__", half)
-    angles = positions.astype(jnp.float32) * NamedArray(inv, (Half,))
+    angles = broadcast_to(positions.astype(jnp.float32), positions.axes + (Half,)) * NamedArray(
+        inv, (Half,)
+    )
     cos = NamedArray(jnp.cos(angles.array), angles.axes)
     sin = NamedArray(jnp.sin(angles.array), angles.axes)
     i = x.axis_index(Head)

@@ -46,6 +46,14 @@ from meltemi.levanter.config._resolve import (
     split_spec,
     with_variant,
 )
+from meltemi.levanter.config._rl_spec import (
+    RL_BACKENDS,
+    RL_OBJECTIVES,
+    RLSpec,
+    rl_key_reference,
+    rl_section,
+    rl_spec,
+)
 from meltemi.levanter.config._schedule import BatchScheduleError, BatchSizes
 from meltemi.levanter.config._spec import (
     COMPUTE_DTYPES,
@@ -69,6 +77,12 @@ from meltemi.levanter.config._spec import (
 )
 
 __all__ = [
+    "RL_BACKENDS",
+    "RL_OBJECTIVES",
+    "RLSpec",
+    "rl_key_reference",
+    "rl_section",
+    "rl_spec",
     "COMPUTE_DTYPES",
     "PROVENANCES",
     "BatchScheduleError",

@@ -231,7 +231,17 @@ def data_spec(config: ml_collections.ConfigDict) -> DataSpec:
     else:
         _check_inert_chat_keys(v, source)
 
+    objective = config.trainer.objective
+    if objective != "lm" and source not in ("chat", "mixture"):
+        raise ConfigError(
+            f"trainer.objective={objective!r} trains on preference pairs, read as chat data; "
+            f"set --config.data.source=chat with data.train_files of "
+            f'{{"prompt", "chosen", "rejected"}} rows (data.source={source!r} has none).'
+        )
+
     def chat(name: str, paths: tuple[str, ...]) -> md.Source:
+        if objective != "lm":  # a preference objective: the rows are chosen/rejected pairs
+            return mdc.PreferenceFiles(name, paths, template=template)
         return mdc.ChatFiles(name, paths, template=template, train_on=v["train_on"])
 
     # None unless a mixture; refuses components without one

@@ -10,7 +10,7 @@ import ml_collections
 from meltemi.levanter.config._checks import AtLeast, InSection, check_int
 from meltemi.levanter.config._errors import ConfigError
 from meltemi.levanter.config._keys import key, read
-from meltemi.levanter.mesh import MESH_AXES, MeshConfigError, check_sizes
+from meltemi.levanter.mesh import MESH_AXES, MeshConfigError, check_sequence_split, check_sizes
 
 _SIZES = {a: (-1 if a == "data" else 1) for a in MESH_AXES}
 
@@ -113,3 +113,15 @@ def _min_slices(value: Any, num_slices: int, fixed_dcn: int | None) -> int:
             f"a multiple of {fixed_dcn}."
         )
     return value
+
+
+def check_sequence(mesh: MeshSpec, seq_len: int, strategy: str) -> None:
+    """The `sequence` split against `data.seq_len` and `model.sequence_parallel`, at load when
+    its size is fixed (with a -1 it is known once devices are: `plan` checks it again)."""
+    ici, dcn = mesh.ici_sizes["sequence"], mesh.dcn_sizes["sequence"]
+    if ici == -1 or dcn == -1:
+        return
+    try:
+        check_sequence_split(ici * dcn, seq_len, strategy)
+    except MeshConfigError as e:
+        raise ConfigError(str(e)) from None

@@ -25,6 +25,7 @@ from meltemi.levanter.config._errors import ConfigError, InertKeyError
 _MODEL_SPECIAL = (
     "preset",
     "rope_theta",
+    "rope_scaling",
     "num_experts",
     "num_experts_per_token",
     "init_from_hf",
@@ -48,6 +49,9 @@ def model_section() -> ml_collections.ConfigDict:
         kind = str(field.type).replace(" | None", "")
         section[field.name] = placeholder(_SIMPLE.get(kind, object))
     section.rope_theta = placeholder(float)
+    # Rope scaling as Hugging Face's `rope_scaling` dict (e.g. {"rope_type": "yarn",
+    # "factor": 16.0, "original_max_position_embeddings": 4096}); None: the preset's rope.
+    section.rope_scaling = placeholder(object)
     # Mixture-of-experts presets only (MoeConfig.num_experts / top_k).
     section.num_experts = placeholder(int)
     section.num_experts_per_token = placeholder(int)
@@ -127,6 +131,11 @@ def model_config(
     }
     if c.rope_theta is not None:
         changes["rope"] = base.rope.replace(theta=float(c.rope_theta))
+    if c.rope_scaling is not None:
+        try:
+            changes["rope"] = changes.get("rope", base.rope).scaled(dict(c.rope_scaling))
+        except (mm.ConfigError, TypeError, ValueError) as e:
+            raise ConfigError(f"model.rope_scaling: {e}") from None
     moe = {}
     if c.num_experts is not None:
         moe["num_experts"] = c.num_experts

@@ -25,7 +25,7 @@ from meltemi.levanter.config._errors import BuildError, ConfigError, InertKeyErr
 from meltemi.levanter.config._eval_spec import EvalSpec, eval_spec
 from meltemi.levanter.config._keys import read
 from meltemi.levanter.config._logging_spec import WANDB_MODES, LoggingSpec, logging_spec
-from meltemi.levanter.config._mesh_spec import MeshSpec, mesh_spec
+from meltemi.levanter.config._mesh_spec import MeshSpec, check_sequence, mesh_spec
 from meltemi.levanter.config._model_spec import (
     lora_config,
     make_tokenizer,
@@ -38,6 +38,7 @@ from meltemi.levanter.config._resolve import ResolvedConfig
 from meltemi.levanter.config._trainer_spec import (
     COMPUTE_DTYPES,
     TrainerSpec,
+    check_objective,
     compute_dtype,
     trainer_spec,
 )
@@ -198,6 +199,8 @@ def resolve(config: ResolvedConfig | ml_collections.ConfigDict) -> RunSpec:
         resolved=resolved,
     )
     _check_elastic_batches(spec.trainer, spec.mesh)
+    check_objective(spec.trainer, init_from=spec.checkpoint.init_from, lora=spec.lora.enabled)
+    check_sequence(spec.mesh, spec.data.seq_len, spec.model.sequence_parallel)
     return spec
 
 

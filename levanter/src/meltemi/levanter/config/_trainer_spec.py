@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import pathlib
 from typing import Any
 
 import ml_collections
@@ -14,8 +16,10 @@ from meltemi.levanter.config._checks import (
     Flag,
     InSection,
     Number,
+    OneOf,
     Text,
     check_choice,
+    check_number,
 )
 from meltemi.levanter.config._errors import ConfigError
 from meltemi.levanter.config._keys import derived, key, read
@@ -25,6 +29,27 @@ from meltemi.levanter.config._schedule import BatchSizes
 COMPUTE_DTYPES = ("float32", "bfloat16")
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "f32": "float32", "float": "float32"}
 _FLOAT16 = ("float16", "fp16", "f16", "half")
+#: `trainer.objective` values: next-token loss, or a preference objective on chosen/rejected pairs.
+OBJECTIVES = ("lm", "dpo", "ipo", "simpo")
+#: `trainer.reference` values: how DPO/IPO get the reference model's log-probs.
+REFERENCES = ("live", "precomputed")
+
+
+def _beta(key: str, value: Any) -> float:
+    value = check_number(key, value, example=0.1)
+    if value <= 0:
+        raise ConfigError(f"{key}={value!r}: must be > 0, e.g. --config.{key}=0.1 (DPO).")
+    return value
+
+
+def _label_smoothing(key: str, value: Any) -> float:
+    value = check_number(key, value, example=0.0)
+    if not value < 0.5:
+        raise ConfigError(
+            f"{key}={value!r}: the assumed share of flipped labels, in [0, 0.5); e.g. "
+            f"--config.{key}=0.1."
+        )
+    return value
 
 
 def compute_dtype(value: Any) -> str:
@@ -61,6 +86,7 @@ class TrainerSpec:
         peak_flops_per_device: the MFU denominator; 0 measures a matmul at start-up.
         profile: `(first, last)`: trace steps first..last (counted from 1) with
             `jax.profiler` into `<run_dir>/profile`; None: no trace.
+        objective: "lm", or a preference objective "dpo", "ipo", "simpo".
     """
 
     batch_sizes: BatchSizes = derived()
@@ -93,6 +119,37 @@ class TrainerSpec:
         "(FIRST, LAST): a jax.profiler trace of steps FIRST..LAST into `<run_dir>/profile` "
         "(TensorBoard's profile plugin or Perfetto read it); (): no trace.",
         InSection(wrong=(0, 1)),
+    )
+    objective: str = key(
+        "lm",
+        '"lm": next-token loss; "dpo", "ipo", "simpo": a preference objective on chat pairs '
+        '(data files of {"prompt", "chosen", "rejected"} rows; DPO and IPO need a reference '
+        "model, see trainer.reference).",
+        OneOf(OBJECTIVES),
+    )
+    beta: float = key(
+        0.1,
+        "Preference objectives: DPO's KL strength, IPO's tau, SimPO's reward scale (2.0 there).",
+        Custom(_beta, wrong=0.0),
+    )
+    label_smoothing: float = key(
+        0.0,
+        "DPO and SimPO: the assumed share of flipped labels (cDPO), in [0, 0.5).",
+        Custom(_label_smoothing, wrong=0.5),
+    )
+    simpo_gamma: float = key(0.5, "SimPO: the target reward margin gamma.", Number(0.5))
+    reference: str = key(
+        "live",
+        'DPO/IPO: "live" evaluates a frozen reference model in each step (with LoRA: the base '
+        'model without adapters, no second copy); "precomputed" computes its log-probs of '
+        "every training row once before training, cached in data.cache_dir/reference.",
+        OneOf(REFERENCES),
+    )
+    reference_from: str = key(
+        "",
+        "DPO/IPO: the reference model, a Meltemi checkpoint or run directory; empty: the "
+        "policy's own start (checkpoint.init_from or model.init_from_hf).",
+        Text(),
     )
 
 
@@ -128,3 +185,39 @@ def trainer_spec(c: ml_collections.ConfigDict) -> TrainerSpec:
     v["train_batch_size"] = sizes.size_at(0)
     v["profile"] = _profile(v["profile"], v["num_train_steps"])
     return TrainerSpec(batch_sizes=sizes, **v)
+
+
+def check_objective(trainer: TrainerSpec, *, init_from: str, lora: bool) -> None:
+    """The checks of `trainer.objective` that read other sections (called by `resolve`).
+
+    Raises:
+        ConfigError: a reference path that does not exist, or one given with LoRA (whose
+            reference is the base model without adapters) or with SimPO (reference-free).
+    """
+    ref = trainer.reference_from
+    if trainer.objective == "lm" or not ref:
+        return
+    key = "trainer.reference_from"
+    if trainer.objective == "simpo":
+        raise ConfigError(
+            f"{key}={ref!r} has no effect with trainer.objective='simpo' (SimPO uses no "
+            f"reference model); drop it, or use --config.trainer.objective=dpo."
+        )
+    if lora:
+        raise ConfigError(
+            f"{key}={ref!r}: with LoRA (model.lora.rank > 0) the reference is the base model "
+            f"without its adapters, so no second model is loaded; drop {key}."
+        )
+    if "://" in ref:
+        return  # a bucket path: the load names what is missing
+    path = pathlib.Path(ref).expanduser()
+    if not path.is_absolute():
+        path = pathlib.Path(os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()) / path
+    if not path.exists():
+        start = f"checkpoint.init_from={init_from!r}" if init_from else "its initialisation"
+        raise ConfigError(
+            f"{key}={ref!r}: no such directory ({path}); the policy starts from {start}, and "
+            f"trainer.objective={trainer.objective!r} compares it with this reference. Give the "
+            f"reference's run or checkpoint directory (e.g. --config.{key}=runs/sft), or leave "
+            f"it empty to use the policy's own start."
+        )

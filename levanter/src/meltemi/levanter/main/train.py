@@ -19,7 +19,9 @@ Exit status (one `error: ...` line on stderr for 2 and 74, never a traceback):
 
 from __future__ import annotations
 
+import atexit
 import os
+import socket
 from collections.abc import Sequence
 
 from absl import flags
@@ -65,6 +67,12 @@ def define_flags() -> None:
         "After training with model.lora.rank > 0, write the LoRA adapters in this directory "
         "as a PEFT adapter (adapter_config.json + adapter_model.safetensors).",
     )
+    flags.DEFINE_integer(
+        "dashboard_port",
+        0,
+        "Serve the run dashboard (//levanter:dashboard) on http://127.0.0.1:PORT/ while the run "
+        "trains, over the folder holding the run directory; 0: off.",
+    )
     flags.DEFINE_float(
         "dry_run_hbm_gib",
         0.0,
@@ -99,6 +107,8 @@ def main(argv: Sequence[str]) -> int:
             )
             print(report.format())
             return 0
+        if FLAGS.dashboard_port and "MELTEMI_SLICE_INDEX" not in os.environ:
+            _start_dashboard(spec.run_dir, FLAGS.dashboard_port)
         if spec.mesh.num_slices > 1 and "MELTEMI_SLICE_INDEX" not in os.environ:
             # A slice's error: one line and its status too. Each slice builds its own hooks.
             return launch_multislice(spec, hooks=training_hooks)
@@ -119,6 +129,33 @@ def main(argv: Sequence[str]) -> int:
         return status
     print(result.summary, flush=True)
     return PREEMPTED_EXIT_CODE if result.preempted else 0
+
+
+def _start_dashboard(run_dir: object, port: int):
+    """The dashboard over the run's parent folder, in a daemon thread of this process."""
+    try:  # the `dashboard` extra (FastAPI, uvicorn): training itself never needs it
+        from meltemi.levanter.dashboard import DashboardServer, free_port
+    except ImportError as e:
+        _flags.fail(
+            f"--dashboard_port={port}: the dashboard needs {e.name!r} (pip install "
+            "'meltemi-levanter[dashboard]'); or drop --dashboard_port."
+        )
+    folder = os.path.dirname(str(run_dir).rstrip("/"))
+    if "://" not in folder:
+        os.makedirs(folder, exist_ok=True)
+    try:
+        socket.create_server(("127.0.0.1", port)).close()
+    except OSError as e:
+        _flags.fail(
+            f"--dashboard_port={port}: cannot listen there ({os.strerror(e.errno)}); pick another "
+            f"port, e.g. --dashboard_port={free_port()}, or 0 for no dashboard."
+        )
+    server = DashboardServer(folder, port=port)
+    print(f"dashboard: {server.start()} (the runs in {folder})", flush=True)
+    # Stopped before the interpreter finalises: a uvicorn thread still running then can abort
+    # the process (`PyGILState_Release`, exit -6) after a finished run.
+    atexit.register(server.stop)
+    return server
 
 
 def _run_dir(resolved) -> object:

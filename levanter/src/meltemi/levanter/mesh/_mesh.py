@@ -11,8 +11,11 @@ import numpy as np
 from jax.experimental import mesh_utils
 
 # Mesh axes, outermost first. `replica` and `data` are pure data parallelism, `fsdp` shards
-# parameters and optimizer state too, `tensor` shards within a layer, `expert` shards experts.
-MESH_AXES = ("replica", "data", "fsdp", "expert", "tensor")
+# parameters and optimizer state too, `tensor` shards within a layer, `expert` shards experts,
+# `sequence` splits the positions of every activation (context parallelism: attention then
+# exchanges keys and values over it, `model.sequence_parallel`). `sequence` and `tensor` are
+# innermost: they talk every layer.
+MESH_AXES = ("replica", "data", "fsdp", "expert", "sequence", "tensor")
 
 
 class MeshConfigError(ValueError):
@@ -125,7 +128,7 @@ def make_mesh(
     Example:
         >>> mesh = make_mesh({"data": -1})
         >>> mesh.axis_names
-        ('replica', 'data', 'fsdp', 'expert', 'tensor')
+        ('replica', 'data', 'fsdp', 'expert', 'sequence', 'tensor')
     """
     devices = list(jax.devices() if devices is None else devices)
     shape = MeshShape.resolve(ici, dcn or {}, len(devices), num_slices)
@@ -156,12 +159,14 @@ def make_mesh(
     return jax.sharding.Mesh(grid, MESH_AXES)
 
 
-# Logical (model) axis -> mesh axes. Parameters are sharded over `fsdp` along the embedding
-# axis and over `tensor` along heads/MLP/vocab, experts over `expert`; activations split the
-# batch over every data-parallel axis (replica, data and fsdp) and keep `embed` whole.
+# Logical (model) axis -> mesh axes. Parameters are sharded over `fsdp` (and `sequence`,
+# whose devices would otherwise each hold a whole copy: FSDP over the context-parallel group,
+# as torchtitan does) along the embedding axis and over `tensor` along heads/MLP/vocab,
+# experts over `expert`; activations split the batch over every data-parallel axis (replica,
+# data and fsdp), their positions over `sequence` (a no-op at size 1), and keep `embed` whole.
 BATCH_AXES = ("replica", "data", "fsdp", "expert")
 PARAMETER_RULES: dict[str, str | tuple[str, ...] | None] = {
-    "embed": "fsdp",
+    "embed": ("fsdp", "sequence"),
     "mlp": "tensor",
     "kv_heads": "tensor",
     "heads": "tensor",
@@ -169,9 +174,49 @@ PARAMETER_RULES: dict[str, str | tuple[str, ...] | None] = {
     "experts": "expert",
     "batch": BATCH_AXES,
 }
-COMPUTE_RULES: dict[str, str | tuple[str, ...] | None] = {**PARAMETER_RULES, "embed": None}
+COMPUTE_RULES: dict[str, str | tuple[str, ...] | None] = {
+    **PARAMETER_RULES,
+    "embed": None,
+    "position": "sequence",
+}
 
 
 def data_parallel_size(mesh: jax.sharding.Mesh) -> int:
     """How many ways the batch is split: the product of the batch axes' sizes."""
     return math.prod(mesh.shape[a] for a in BATCH_AXES)
+
+
+def check_sequence_split(split: int, seq_len: int, strategy: str) -> int:
+    """`split` (the size of the `sequence` mesh axis), checked against the length and strategy.
+
+    Args:
+        split: devices the `sequence` axis splits each row over (1: no split).
+        seq_len: `data.seq_len`.
+        strategy: `model.sequence_parallel` (`none`, `all_gather` or `ring`).
+
+    Raises:
+        MeshConfigError: a split without a strategy (attention would gather every key on every
+            device behind the user's back), or a length that two chunks per device (causal
+            load balancing) do not divide.
+
+    Example:
+        >>> check_sequence_split(4, 4096, "ring")
+        4
+    """
+    if split == 1:
+        return 1
+    if strategy == "none":
+        raise MeshConfigError(
+            f"mesh sequence axis of {split} devices (mesh.ici.sequence x mesh.dcn.sequence) "
+            "with model.sequence_parallel='none': attention needs a strategy to exchange keys "
+            "across the split; set --config.model.sequence_parallel=ring (or all_gather), or "
+            "--config.mesh.ici.sequence=1."
+        )
+    if seq_len % (2 * split):
+        fit = -(-seq_len // (2 * split)) * (2 * split)
+        raise MeshConfigError(
+            f"data.seq_len={seq_len} does not split over the mesh sequence axis of {split} "
+            f"devices in two chunks each (causal load balancing); use --config.data.seq_len="
+            f"{fit} (a multiple of {2 * split})."
+        )
+    return split

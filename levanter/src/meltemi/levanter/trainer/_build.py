@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import meltemi.models as mm
 from meltemi.levanter.config import RunSpec, as_spec
-from meltemi.levanter.runtime import make_loss_fns
+from meltemi.levanter.runtime import make_loss_fns, make_preference_loss_fns
 from meltemi.levanter.trainer._data import (
     build_mixture,
     build_stores,
@@ -39,7 +39,13 @@ def build_parts(spec: RunSpec) -> RunParts:
         if line is not None:
             print(line, flush=True)
             data_metrics = padding_metrics(train)
-    _, eval_loss_fn = make_loss_fns(spec.trainer.z_loss)
+    t = spec.trainer
+    if t.objective == "lm":
+        _, eval_loss_fn = make_loss_fns(t.z_loss)
+    else:
+        _, eval_loss_fn = make_preference_loss_fns(
+            t.objective, beta=t.beta, label_smoothing=t.label_smoothing, gamma=t.simpo_gamma
+        )
     mcfg = spec.model
     params = mm.param_count(mcfg)
     return RunParts(

@@ -25,13 +25,23 @@ def packed(spec: RunSpec, store: md.TokenStore, key: str = "data.packing") -> md
     A chat store (conversations with a loss mask) is packed whole conversation by
     conversation (first-fit decreasing), with `data.overlong` and `data.loss_average`.
     """
-    if store.is_preference:  # the replies of a pair would both be trained on as chat
+    preference = spec.trainer.objective != "lm"
+    if preference and not store.is_preference:
+        raise ConfigError(
+            f"trainer.objective={spec.trainer.objective!r}: the store at {store.path} holds no "
+            f"preference pairs; point {key.replace('data.packing', 'data.train_files')} at "
+            f'{{"prompt", "chosen", "rejected"}} rows, or train it with trainer.objective=lm.'
+        )
+    if store.is_preference and preference:  # pairs whole, chosen and rejected in one row
+        options = {"mode": "document", "packing": "ffd", "overlong": "drop"}
+        what = "data.train_files (preference pairs)"
+    elif store.is_preference:  # the replies of a pair would both be trained on as chat
         raise ConfigError(
             f"data: the store at {store.path} holds preference pairs (chosen/rejected), which "
             "supervised training cannot use; point data.train_files at chat rows with "
-            "`messages`, or train the pairs with a preference objective."
+            "`messages`, or train the pairs with --config.trainer.objective=dpo."
         )
-    if store.has_loss_mask:
+    elif store.has_loss_mask:
         options = {"mode": "document", "packing": "ffd", "overlong": spec.data.overlong,
                    "loss_average": spec.data.loss_average}  # fmt: skip
         what = f"data.overlong={spec.data.overlong!r}"

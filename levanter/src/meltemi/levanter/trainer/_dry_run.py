@@ -239,6 +239,8 @@ def dry_run(
         cost = cost[0] if cost else {}
     tokens = rows * seq
     rows_per_device = max(rows // data_parallel_size(p.mesh), 1)
+    # A `sequence` split holds 1/split of each row's positions (and activations) per device.
+    seq_per_device = seq // dict(p.mesh.shape).get("sequence", 1)
     batch = p.abstract_batch(rows)
     param_bytes = shard_bytes(p.template.params)
     arguments = int(memory.argument_size_in_bytes)
@@ -262,7 +264,7 @@ def dry_run(
         num_params=mm.param_count(mcfg),
         vocab_size=mcfg.vocab_size,
         tokens_per_step=tokens,
-        tokens_per_device=rows_per_device * seq,
+        tokens_per_device=rows_per_device * seq_per_device,
         model_flops_per_step=mm.flops_per_token(mcfg, seq) * tokens,
         compiled_flops_per_device=(cost or {}).get("flops"),
         argument_bytes=arguments,
@@ -276,7 +278,10 @@ def dry_run(
         batch_bytes=shard_bytes(batch),
         remat=mcfg.remat,
         saved_carry_bytes=_saved_carry_bytes(
-            mcfg, max(rows_per_device // spec.trainer.microbatches, 1), seq, p.compute_dtype
+            mcfg,
+            max(rows_per_device // spec.trainer.microbatches, 1),
+            seq_per_device,
+            p.compute_dtype,
         ),
         compute_dtype=spec.trainer.compute_dtype,
         backend=backend,

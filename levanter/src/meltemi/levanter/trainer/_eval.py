@@ -26,10 +26,10 @@ class Evaluator(SetEvaluator):
         self.plan = plan
 
     def __call__(self, state: TrainState) -> dict[str, dict[str, float]]:
-        results = self.evaluate_params(state.params)
+        results = self.evaluate_params(state.params, state.reference)
         ema = ema_params(state.opt_state)
         if ema is not None:
-            for name, values in self.evaluate_params(ema).items():
+            for name, values in self.evaluate_params(ema, state.reference).items():
                 results[f"{name}-ema"] = values
         return results
 

@@ -22,12 +22,18 @@ import optax
 import meltemi.models as mm
 from meltemi.levanter import optim
 from meltemi.levanter.config import BatchSizes, ConfigError, RunSpec, optimizer_error
-from meltemi.levanter.mesh import PARAMETER_RULES, data_parallel_size
+from meltemi.levanter.mesh import (
+    PARAMETER_RULES,
+    MeshConfigError,
+    check_sequence_split,
+    data_parallel_size,
+)
 from meltemi.levanter.runtime import (
     DTYPES,
     batch_sharding,
     compute_context,
     make_loss_fns,
+    make_preference_loss_fns,
     mesh_of,
     tree_shardings,
     with_shardings,
@@ -47,6 +53,8 @@ class StepParts:
         metrics_fn: optimizer state -> logged scalars.
         batch_fields: the shape (without the batch dimension) and dtype of each batch array
             (`plan` needs them; in `RunParts`, None reads them from the data's row 0).
+        has_aux: `loss_fn` returns `(loss, metrics)` (a preference objective).
+        reference: the state holds a frozen reference model (`TrainState.reference`).
     """
 
     init_model: Callable[[Any], Any]
@@ -54,6 +62,8 @@ class StepParts:
     optimizer: optax.GradientTransformation
     metrics_fn: Callable[[Any], Mapping[str, Any]] | None = None
     batch_fields: Mapping[str, jax.ShapeDtypeStruct] | None = None
+    has_aux: bool = False
+    reference: bool = False
 
 
 def batch_fields(spec: RunSpec) -> dict[str, jax.ShapeDtypeStruct]:
@@ -74,7 +84,25 @@ def batch_fields(spec: RunSpec) -> dict[str, jax.ShapeDtypeStruct]:
     }
     if spec.data.mixture is not None:
         fields["component"] = jax.ShapeDtypeStruct((), jnp.int32)
+    if spec.trainer.objective != "lm":  # preference pairs (meltemi.data preference stores)
+        fields["pair_ids"] = jax.ShapeDtypeStruct(seq, jnp.int32)
+        fields["is_chosen"] = jax.ShapeDtypeStruct(seq, jnp.int32)
+        if uses_precomputed_reference(spec):
+            fields["reference_logps"] = jax.ShapeDtypeStruct(seq, jnp.float32)
     return fields
+
+
+def uses_precomputed_reference(spec: RunSpec) -> bool:
+    """DPO/IPO with `trainer.reference="precomputed"`: batches carry `reference_logps`."""
+    t = spec.trainer
+    return t.objective in ("dpo", "ipo") and t.reference == "precomputed"
+
+
+def holds_reference(spec: RunSpec) -> bool:
+    """The state holds a frozen reference copy: DPO/IPO, live reference, no LoRA (whose
+    reference is its own base model)."""
+    t = spec.trainer
+    return t.objective in ("dpo", "ipo") and t.reference == "live" and not spec.lora.enabled
 
 
 def fields_of(rows: Mapping[str, np.ndarray]) -> dict[str, jax.ShapeDtypeStruct]:
@@ -101,13 +129,21 @@ def model_parts(spec: RunSpec) -> StepParts:
     """
     config = spec.model
     optimizer = build_optimizer(spec)  # its errors first
-    loss_fn, _ = make_loss_fns(spec.trainer.z_loss)
+    t = spec.trainer
+    if t.objective == "lm":
+        loss_fn, _ = make_loss_fns(t.z_loss)
+    else:
+        loss_fn, _ = make_preference_loss_fns(
+            t.objective, beta=t.beta, label_smoothing=t.label_smoothing, gamma=t.simpo_gamma
+        )
     return StepParts(
         init_model=lora_init(spec, lambda key: mm.Transformer.init(config, key=key)),
         loss_fn=lora_loss(spec, loss_fn),
         optimizer=optimizer,
         metrics_fn=optim.metrics,
         batch_fields=batch_fields(spec),
+        has_aux=t.objective != "lm",
+        reference=holds_reference(spec),
     )
 
 
@@ -204,7 +240,7 @@ class Plan:
 
         def init(k):
             params = eqx.filter(parts.init_model(k), eqx.is_array)
-            return init_state(params, parts.optimizer)
+            return init_state(params, parts.optimizer, reference=parts.reference)
 
         with compute_context(self.mesh):
             return jax.jit(init, out_shardings=self.state_sharding)(key)
@@ -230,6 +266,11 @@ def plan(
     """
     mesh = mesh if mesh is not None else mesh_of(spec, devices)
     _check_batches(spec, mesh)
+    try:  # the sequence split's length and strategy, before any work
+        split = dict(mesh.shape).get("sequence", 1)
+        check_sequence_split(split, spec.data.seq_len, spec.model.sequence_parallel)
+    except MeshConfigError as e:
+        raise ConfigError(str(e)) from None
     parts = parts if parts is not None else model_parts(spec)
     if parts.batch_fields is None:
         raise ValueError("plan: parts.batch_fields is None; pass RunParts.checked_step()")
@@ -237,7 +278,9 @@ def plan(
     abstract_model = eqx.filter_eval_shape(parts.init_model, key)
     is_abstract = lambda x: isinstance(x, jax.ShapeDtypeStruct)  # noqa: E731
     abstract_params, static = eqx.partition(abstract_model, is_abstract)
-    abstract_state = jax.eval_shape(lambda p: init_state(p, parts.optimizer), abstract_params)
+    abstract_state = jax.eval_shape(
+        lambda p: init_state(p, parts.optimizer, reference=parts.reference), abstract_params
+    )
     state_sharding = tree_shardings(abstract_state, mesh, PARAMETER_RULES)
     bsh = batch_sharding(mesh)
     compute_dtype = DTYPES[spec.trainer.compute_dtype]
@@ -252,6 +295,7 @@ def plan(
             state_sharding=state_sharding,
             batch_sharding=bsh,
             mesh=mesh,
+            has_aux=parts.has_aux,
         )
     return Plan(
         spec=spec,

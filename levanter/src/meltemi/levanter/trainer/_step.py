@@ -29,15 +29,22 @@ class TrainState(eqx.Module):
         step: completed steps (int32 scalar); the next step reads the batch of this index.
         params: the model's arrays (`eqx.partition(model, eqx.is_array)[0]`).
         opt_state: the optimizer's state (EMA, skip-step history, ... included).
+        reference: a frozen reference model's arrays (DPO/IPO with `trainer.reference=
+            "live"`), passed to the loss with gradients stopped and never updated; None
+            otherwise. Checkpointed with the state, so a resumed run needs no reload.
     """
 
     step: jax.Array
     params: Any
     opt_state: Any
+    reference: Any = None
 
 
-def init_state(params: Any, optimizer: optax.GradientTransformation) -> TrainState:
-    """The state before the first step.
+def init_state(
+    params: Any, optimizer: optax.GradientTransformation, *, reference: bool = False
+) -> TrainState:
+    """The state before the first step (with `reference`, a copy of `params` is the frozen
+    reference model).
 
     Example:
         >>> import jax.numpy as jnp, optax
@@ -45,11 +52,17 @@ def init_state(params: Any, optimizer: optax.GradientTransformation) -> TrainSta
         >>> int(state.step)
         0
     """
-    return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
+    ref = jax.tree.map(jnp.copy, params) if reference else None
+    return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params), ref)
 
 
 def token_weight(batch: Batch) -> jax.Array:
-    """How many loss tokens a (micro)batch holds: the weight of its mean loss."""
+    """How many loss tokens a (micro)batch holds: the weight of its mean loss (for a batch of
+    preference pairs, how many pairs: its loss is a mean over pairs)."""
+    if "pair_ids" in batch:
+        ids = batch["pair_ids"]
+        starts = (ids > 0) & (ids != jnp.pad(ids, [(0, 0)] * (ids.ndim - 1) + [(1, 0)])[..., :-1])
+        return jnp.sum(starts.astype(jnp.float32))
     if "loss_mask" in batch:
         return jnp.sum(batch["loss_mask"].astype(jnp.float32))
     return jnp.asarray(batch["tokens"].size, jnp.float32)
@@ -83,36 +96,56 @@ def loss_and_grads(
     *,
     microbatches: int = 1,
     compute_dtype: Any = jnp.float32,
-) -> tuple[jax.Array, Any]:
+    has_aux: bool = False,
+    reference: Any = None,
+) -> tuple[jax.Array, Any] | tuple[jax.Array, Any, dict[str, jax.Array]]:
     """Mean loss over the batch's loss tokens and its gradient in the parameters' dtype.
 
     With `microbatches > 1` the batch is processed in a `scan`, accumulating gradients in
     float32 weighted by each microbatch's loss-token count, so the result is the gradient of
     the whole batch's mean loss (up to summation order).
+
+    With `has_aux`, `loss_fn` returns `(loss, metrics)` and so does this, as `(loss, grads,
+    metrics)` (metrics weighted like the loss). With `reference` (arrays of a frozen model),
+    `loss_fn(model, batch, reference_model)` gets that model cast like the policy, with its
+    gradients stopped.
     """
 
     def micro_loss(p, micro):
         model = eqx.combine(cast_floating(p, compute_dtype), static)
-        return loss_fn(model, micro).astype(jnp.float32)
+        if reference is None:
+            out = loss_fn(model, micro)
+        else:
+            ref = jax.lax.stop_gradient(cast_floating(reference, compute_dtype))
+            out = loss_fn(model, micro, eqx.combine(ref, static))
+        loss, aux = out if has_aux else (out, {})
+        return loss.astype(jnp.float32), aux
 
-    grad_fn = jax.value_and_grad(micro_loss)
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
     if microbatches == 1:
-        return grad_fn(params, batch)
+        (loss, aux), grads = grad_fn(params, batch)
+        return (loss, grads, aux) if has_aux else (loss, grads)
 
     micro = split_microbatches(batch, microbatches)
     total = token_weight(batch)
 
     def body(carry, mb):
-        loss_acc, grad_acc = carry
-        loss, grads = grad_fn(params, mb)
-        w = token_weight(mb) / total
+        loss_acc, grad_acc, aux_acc = carry
+        (loss, aux), grads = grad_fn(params, mb)
+        w = token_weight(mb) / jnp.maximum(total, 1.0)
         grad_acc = jax.tree.map(lambda a, g: a + w * g.astype(jnp.float32), grad_acc, grads)
-        return (loss_acc + w * loss, grad_acc), None
+        aux_acc = jax.tree.map(lambda a, m: a + w * m.astype(jnp.float32), aux_acc, aux)
+        return (loss_acc + w * loss, grad_acc, aux_acc), None
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-    (loss, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), micro)
+    first = jax.tree.map(lambda x: x[0], micro)
+    aux_zeros = jax.tree.map(
+        lambda s: jnp.zeros(s.shape, jnp.float32), jax.eval_shape(grad_fn, params, first)[0][1]
+    )
+    init = (jnp.zeros((), jnp.float32), zeros, aux_zeros)
+    (loss, grads, aux), _ = jax.lax.scan(body, init, micro)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
-    return loss, grads
+    return (loss, grads, aux) if has_aux else (loss, grads)
 
 
 def make_train_step(
@@ -127,6 +160,7 @@ def make_train_step(
     batch_sharding: Any = None,
     mesh: Any = None,
     jit: bool = True,
+    has_aux: bool = False,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
     """Builds the jitted step `(state, batch) -> (state, metrics)`, donating `state`.
 
@@ -142,6 +176,9 @@ def make_train_step(
         batch_sharding: shardings of the batch.
         mesh: the mesh (metrics are replicated on it); needed with `state_sharding`.
         jit: return the un-jitted function (for `jax.eval_shape` or composition).
+        has_aux: `loss_fn` returns `(loss, metrics)`; the metrics are logged as `train/<k>`.
+            A state holding a `reference` passes its model to `loss_fn` (see
+            `loss_and_grads`).
 
     Returns:
         The step. Metrics: `train/loss`, `optim/grad_norm` (of this step's gradients, before
@@ -163,14 +200,18 @@ def make_train_step(
     takes_extra = isinstance(optimizer, optax.GradientTransformationExtraArgs)
 
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
-        loss, grads = loss_and_grads(
+        out = loss_and_grads(
             loss_fn,
             static,
             state.params,
             batch,
             microbatches=microbatches,
             compute_dtype=compute_dtype,
+            has_aux=has_aux,
+            reference=state.reference,
         )
+        loss, grads = out[:2]
+        aux = out[2] if has_aux else {}
         if takes_extra:
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params, loss=loss)
         else:
@@ -179,6 +220,7 @@ def make_train_step(
         extra = dict(metrics_fn(opt_state)) if metrics_fn is not None else {}
         skipped = jnp.asarray(extra.pop("skip/skipped", 0), jnp.float32)
         metrics = {f"optim/{k}": v for k, v in extra.items()}
+        metrics.update({f"train/{k}": v for k, v in aux.items()})
         # The step's own measurements go last: an optimizer metric of the same name (e.g. a
         # norm held in a state that a skipped step froze) must never replace them.
         metrics.update(
@@ -189,7 +231,7 @@ def make_train_step(
                 "optim/skipped": skipped,
             }
         )
-        return TrainState(state.step + 1, params, opt_state), metrics
+        return TrainState(state.step + 1, params, opt_state, state.reference), metrics
 
     if not jit:
         return step

@@ -65,7 +65,11 @@ def summary(spec: RunSpec, result: RunResult) -> str:
             f"{result.losses[steps[-1]]:.4f} (step {steps[-1]})"
         )
     for name, ev in result.eval.items():
-        lines.append(f"  eval/{name}: loss {ev['loss']:.4f}, bits/byte {ev['bpb']:.4f}")
+        if "bpb" in ev:
+            lines.append(f"  eval/{name}: loss {ev['loss']:.4f}, bits/byte {ev['bpb']:.4f}")
+        else:  # preference pairs
+            accuracy = ev.get("rewards/accuracies", float("nan"))
+            lines.append(f"  eval/{name}: loss {ev['loss']:.4f}, accuracy {accuracy:.3f}")
     lines.append(f"  run dir: {display_path(result.run_dir)}")
     if spec.checkpoint.enabled:
         lines.append(f"  checkpoints: {display_path(result.run_dir / 'checkpoints')}")

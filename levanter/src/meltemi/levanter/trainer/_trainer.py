@@ -34,9 +34,10 @@ from meltemi.levanter.trainer._hooks import CheckpointHook, EvalHook, Hook, Step
 from meltemi.levanter.trainer._loop import MetricsSink, StepTimer
 from meltemi.levanter.trainer._lora import export_peft
 from meltemi.levanter.trainer._parts import RunParts
-from meltemi.levanter.trainer._plan import Plan, plan
+from meltemi.levanter.trainer._plan import Plan, plan, uses_precomputed_reference
 from meltemi.levanter.trainer._preemption import Preemption
 from meltemi.levanter.trainer._profile import StepProfiler
+from meltemi.levanter.trainer._reference import PrecomputedReference, load_reference, precompute
 from meltemi.levanter.trainer._run_files import RunFiles
 from meltemi.levanter.trainer._step import TrainState
 from meltemi.levanter.trainer._summary import RunResult, summary
@@ -153,6 +154,10 @@ class Trainer:
     ):
         self.spec = spec = as_spec(spec)
         self.parts = parts = parts if parts is not None else build_parts(spec)
+        if uses_precomputed_reference(spec) and not isinstance(
+            parts.train_data, PrecomputedReference
+        ):  # rows gain `reference_logps`, computed at the start of `run`
+            parts.train_data = PrecomputedReference(parts.train_data, parts.seq_len)
         self.plan: Plan = plan(spec, mesh=mesh if mesh is not None else mesh_of(spec),
                                parts=parts.checked_step())  # fmt: skip
         self.mesh = self.plan.mesh
@@ -365,20 +370,56 @@ class Trainer:
         return per_device * self.mesh.size if per_device else None
 
     def _restore_or_init(self, ckpt: Checkpointer | None) -> tuple[TrainState, int]:
+        precomputed = uses_precomputed_reference(self.spec)
         if ckpt is not None and ckpt.all_steps():
             step, state = ckpt.restore(self.template)
             saved = self._saved_config(ckpt, step)
             if saved is not None:
                 check_resumed_rows(saved.get("trainer", {}), self.batch_sizes, step)
                 self._warn_changed_config(saved, step)
+            if precomputed:  # reopened from the cache (or computed again) by its key
+                self._precompute_reference(self._start_state().params)
             return state, step
+        state = self._start_state()
+        if self.plan.parts.reference:
+            state = self._with_reference(state, self._reference_params(state.params))
+        elif precomputed:
+            self._precompute_reference(state.params)
+        return state, 0
+
+    def _start_state(self) -> TrainState:
+        """The state of step 0: initialised, then `checkpoint.init_from` or `init_from_hf`."""
         state = self.init_state()
         init_from = self.spec.checkpoint.init_from
         if init_from:
             state = self._warm_start(state, init_from)
         elif self.spec.init_from_hf:
             state = init_from_hf(self.spec, self.plan, state)
-        return state, 0
+        return state
+
+    def _reference_params(self, start: Any) -> Any:
+        """The reference's arrays: `trainer.reference_from`, or the policy's start."""
+        return load_reference(self.spec, start, self.parts.warm_start)
+
+    def _with_reference(self, state: TrainState, reference: Any) -> TrainState:
+        """`state` holding a copy of `reference` as its frozen reference model."""
+        with compute_context(self.mesh):
+            copy = jax.jit(
+                lambda p: jax.tree.map(jnp.copy, p),
+                out_shardings=self.plan.state_sharding.reference,
+            )(reference)
+        return TrainState(state.step, state.params, state.opt_state, copy)
+
+    def _precompute_reference(self, start: Any) -> None:
+        where = precompute(
+            self.spec,
+            self.plan,
+            self.parts.train_data,
+            self._reference_params(start),
+            self.parts.eval_sets,
+        )
+        if self.primary:
+            logger.info("reference log-probs: %s", display_path(where))
 
     def export_hf(
         self, directory: str | pathlib.Path, state: TrainState | None = None
@@ -439,7 +480,7 @@ class Trainer:
             opt_state = jax.jit(
                 self.plan.parts.optimizer.init, out_shardings=self.plan.state_sharding.opt_state
             )(params)
-        return TrainState(state.step, params, opt_state)
+        return TrainState(state.step, params, opt_state, state.reference)
 
 
 def train(

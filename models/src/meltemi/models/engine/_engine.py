@@ -1,11 +1,13 @@
 """`Engine`: continuous batching over a paged KV cache.
 
 Each `step()` (1) admits queued requests, first come first served, while slots and pages
-last; (2) runs one decoding step over every slot that is generating (one program over all
-`max_seqs` slots, idle slots masked); (3) prefills one chunk of `prefill_chunk` prompt tokens
-of the oldest admitted request (a long prompt takes several steps, so it never stalls the
-running sequences for more than one chunk). When a prompt's last chunk is in, its `n`
-samples draw their first tokens and start decoding at the next step.
+last; (2) runs one decoding step over every sample that is generating (packed into a batch
+padded to a power of two, attending over the pages in use, padded to a power of two: one
+compiled program per batch bucket x page bucket, all compiled by `warmup`); (3) prefills
+one chunk of `prefill_chunk` prompt tokens of the oldest admitted request (a long prompt takes
+several steps, so it never stalls the running sequences for more than one chunk). When a
+prompt's last chunk is in, its `n` samples draw their first tokens and start decoding at the
+next step.
 
 Pages are planned at admission: a request holds, for sample 0, the pages of its prompt plus
 `max_tokens - 1` positions, and for each further sample the same minus the prompt's full
@@ -69,6 +71,18 @@ class _Live:
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def buckets(limit: int) -> tuple[int, ...]:
+    """The sizes a dimension of at most `limit` is padded to: powers of two below `limit`,
+    then `limit` (`buckets(12) == (1, 2, 4, 8, 12)`)."""
+    out = [1 << i for i in range(limit.bit_length()) if 1 << i < limit]
+    return (*out, limit)
+
+
+def _bucket(n: int, limit: int) -> int:
+    """The smallest of `buckets(limit)` that holds `n`."""
+    return min(limit, 1 << max(n - 1, 0).bit_length())
 
 
 class Engine:
@@ -305,14 +319,13 @@ class Engine:
         return events
 
     def _decode(self) -> list[Event]:
-        size = self.config.max_seqs
+        # Only the generating samples are sent, packed into the first rows of a batch padded to
+        # a power of two, with their page tables cut to the pages the step can touch (also a
+        # power of two): attention reads those pages, not `max_seqs x max_seq_len` slots.
         many = self._programs.decode_many is not None and not self._prefilling
         steps = self.config.decode_steps if many else 1
-        tokens = np.zeros(size, np.int32)
-        positions = np.zeros(size, np.int32)
-        valid = np.zeros(size, bool)
-        remaining = np.zeros(size, np.int32)
-        entries: list[tuple[_Live, int, int] | None] = [None] * size
+        entries: list[tuple[_Live, int, int]] = []
+        slots: list[int] = []
         for slot, held in enumerate(self._slots):
             if held is None:
                 continue
@@ -320,39 +333,44 @@ class Engine:
             smp = live.samples[i]
             if not smp.generated or smp.done:
                 continue  # still prefilling
-            tokens[slot] = smp.generated[-1]
-            positions[slot] = live.prompt.size + len(smp.generated) - 1
-            valid[slot] = True
-            remaining[slot] = min(steps, live.request.max_tokens - len(smp.generated))
-            entries[slot] = (live, i, len(smp.generated))
-        if not valid.any():
+            entries.append((live, i, len(smp.generated)))
+            slots.append(slot)
+        if not entries:
             return []
+        size = _bucket(len(entries), self.config.max_seqs)
+        tokens = np.zeros(size, np.int32)
+        positions = np.zeros(size, np.int32)
+        valid = np.zeros(size, bool)
+        remaining = np.zeros(size, np.int32)
+        for r, (live, i, done) in enumerate(entries):
+            tokens[r] = live.samples[i].generated[-1]
+            positions[r] = live.prompt.size + done - 1
+            valid[r] = True
+            remaining[r] = min(steps, live.request.max_tokens - done)
+        last = int((positions + remaining - 1)[valid].max())
+        pages = _bucket(last // self.config.page_size + 1, self.pages_per_seq)
+        table = np.full((size, pages), NULL_PAGE, np.int32)
+        table[: len(slots)] = self._table[slots, :pages]
         program = self._programs.decode_many if many else self._programs.decode
+        padded: list[tuple[_Live, int, int] | None] = [*entries, *[None] * (size - len(entries))]
         self._pools, out = program(
             self._leaves_now,
             self._pools,
             tokens,
             positions,
             valid,
-            self._table.copy(),
-            self._rows(entries),
+            table,
+            self._rows(padded),
             remaining,
         )
         tok, lp, ids, lps = jax.device_get(out)
         events = []
         for t in range(steps):
-            for slot, e in enumerate(entries):
-                if e is None or t >= remaining[slot] or e[0].samples[e[1]].done:
+            for r, (live, i, _) in enumerate(entries):
+                if t >= remaining[r] or live.samples[i].done:
                     continue
                 events.append(
-                    self._emit(
-                        e[0],
-                        e[1],
-                        int(tok[t, slot]),
-                        float(lp[t, slot]),
-                        ids[t, slot],
-                        lps[t, slot],
-                    )
+                    self._emit(live, i, int(tok[t, r]), float(lp[t, r]), ids[t, r], lps[t, r])
                 )
         return events
 
@@ -369,7 +387,9 @@ class Engine:
         tokens[0, : part.size] = part
         positions[0, : part.size] = np.arange(start, start + part.size)
         valid[0, : part.size] = True
-        table = self._table[live.slots[0]][None]
+        # The chunk reads the pages up to its last token (a power of two of them).
+        pages = _bucket(_ceil_div(start + part.size, self.config.page_size), self.pages_per_seq)
+        table = self._table[live.slots[0], :pages][None]
         size = self.config.max_seqs
         entries = [(live, i, 0) if i < len(live.samples) else None for i in range(size)]
         self._pools, out = self._programs.prefill(
@@ -430,31 +450,46 @@ class Engine:
         return out
 
     def warmup(self) -> None:
-        """Compiles the decoding (one and `decode_steps` steps), prefill and page-copy programs
-        (on idle inputs)."""
-        size, chunk = self.config.max_seqs, self.config.prefill_chunk
-        rows = self._rows([None] * size)
-        zeros = np.zeros(size, np.int32)
+        """Compiles every program serving can run (on idle inputs): the decoding step (one and
+        `decode_steps` steps) at each batch bucket x page bucket, the prefill chunk at each page
+        bucket, and the page copy; `num_programs` of them."""
+        chunk = self.config.prefill_chunk
         run = self._programs
-        for decode in (run.decode, run.decode_many):
-            if decode is not None:
-                idle = np.zeros(size, bool)
-                self._pools, _ = decode(
-                    self._leaves_now, self._pools, zeros, zeros, idle, self._table, rows, zeros
-                )
+        for size in buckets(self.config.max_seqs):
+            rows = self._rows([None] * size)
+            zeros = np.zeros(size, np.int32)
+            idle = np.zeros(size, bool)
+            for decode in (run.decode, run.decode_many):
+                if decode is None:
+                    continue
+                for pages in buckets(self.pages_per_seq):
+                    table = np.full((size, pages), NULL_PAGE, np.int32)
+                    self._pools, _ = decode(
+                        self._leaves_now, self._pools, zeros, zeros, idle, table, rows, zeros
+                    )
         z2 = np.zeros((1, chunk), np.int32)
-        self._pools, _ = run.prefill(
-            self._leaves_now,
-            self._pools,
-            z2,
-            z2,
-            np.zeros((1, chunk), bool),
-            self._table[:1],
-            np.int32(0),
-            rows,
-        )
+        rows = self._rows([None] * self.config.max_seqs)
+        for pages in buckets(self.pages_per_seq):
+            self._pools, _ = run.prefill(
+                self._leaves_now,
+                self._pools,
+                z2,
+                z2,
+                np.zeros((1, chunk), bool),
+                np.full((1, pages), NULL_PAGE, np.int32),
+                np.int32(0),
+                rows,
+            )
         self._pools = run.copy_page(self._pools, np.zeros(2, np.int32))
         jax.block_until_ready(self._pools)
+
+    @property
+    def num_programs(self) -> int:
+        """How many programs (shapes) `warmup` compiles: decoding at every batch bucket x page
+        bucket (twice with `decode_steps > 1`), prefill at every page bucket, the page copy."""
+        page_buckets = len(buckets(self.pages_per_seq))
+        decodes = 1 + (self._programs.decode_many is not None)
+        return decodes * len(buckets(self.config.max_seqs)) * page_buckets + page_buckets + 1
 
     def update_weights(self, model: Transformer) -> None:
         """Serves `model`'s parameters from the next step on (same config, same shapes and

@@ -1,0 +1,70 @@
+"""Exact-match arithmetic: a toy task a tiny model learns on CPU.
+
+Every problem `a op b` with `0 <= a, b <= max_operand` and `op` in `ops` ("+", "-", "*"),
+shuffled once by `split_seed`; the last `test_fraction` of them is the held-out split. The
+prompt is `"12+7="`, the answer `"19"` (`"3-9="` -> `"-6"`); a response earns 1.0 when its
+first line, stripped, is exactly the answer.
+
+>>> env = ArithmeticEnv(max_operand=9, ops="+")
+>>> env.size("train"), env.size("test")
+(90, 10)
+>>> p = env.prompt("train", 0)
+>>> p.text, p.target, env.reward(p, p.target + "\\nmore"), env.reward(p, "x")
+('8+2=', '10', 1.0, 0.0)
+"""
+
+from __future__ import annotations
+
+import operator
+
+from meltemi.levanter.envs._base import Environment, Prompt, split_indices
+
+__all__ = ["ArithmeticEnv"]
+
+_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+
+
+class ArithmeticEnv(Environment):
+    """Exact-match arithmetic over small operands, with a held-out split."""
+
+    def __init__(
+        self,
+        *,
+        max_operand: int = 20,
+        ops: str = "+-",
+        test_fraction: float = 0.1,
+        split_seed: int = 0,
+        name: str = "arithmetic",
+    ) -> None:
+        if max_operand < 1:
+            raise ValueError(f"max_operand={max_operand!r}: must be >= 1, e.g. max_operand=20")
+        bad = sorted(set(ops) - set(_OPS)) or ([] if ops else ["(empty)"])
+        if bad:
+            raise ValueError(
+                f"ops={ops!r}: {bad[0]!r} is not one of {''.join(_OPS)}; e.g. ops='+-'"
+            )
+        self.name = name
+        self.max_operand = max_operand
+        self.ops = ops
+        self._problems = [
+            (a, op, b) for op in ops for a in range(max_operand + 1) for b in range(max_operand + 1)
+        ]
+        self._splits = split_indices(len(self._problems), test_fraction, split_seed)
+
+    def size(self, split: str) -> int:
+        self.check_split(split)
+        return len(self._splits[split])
+
+    def prompt(self, split: str, index: int) -> Prompt:
+        self.check_split(split, index)
+        a, op, b = self._problems[self._splits[split][index]]
+        return Prompt(
+            id=f"{self.name}/{split}/{index}",
+            text=f"{a}{op}{b}=",
+            target=str(_OPS[op](a, b)),
+            env=self.name,
+        )
+
+    def reward(self, prompt: Prompt, response: str) -> float:
+        lines = response.split("\n")
+        return float(lines[0].strip() == prompt.target)
