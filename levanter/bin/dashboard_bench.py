@@ -8,13 +8,21 @@ JSON object:
 
     open_cold_s: a server that has never read the run: the runs list, then the run page
         (`/api/runs/ID` and `/api/runs/ID/metrics` for every key, at most 2000 points each).
-        The goal is < 2 s;
+        The goal is < 2 s. These answers are the sampled preview (`partial`: exact last
+        values, sampled curves) while the file is parsed in the background;
+    open_cold_cpu_s: the process's CPU seconds over those requests (load inflates wall time
+        on a shared machine, CPU time much less);
+    exact_s, exact_cpu_s: from the first request until the page's poll gets the exact view
+        (every line parsed, min/max downsampling): what the page shows next, unprompted;
+    reference_s, open_cold_ratio: reading the file and counting its lines (`wc -l`), timed
+        in the same run, and open_cold_s over it;
     open_warm_s: the same requests again (another tab, a reload): only new lines are read;
     index_s, open_indexed_s: a new server parsing the folder in its background thread (what
         `//levanter:dashboard` does when it starts), then the page opened on it;
     pyarrow: whether pyarrow's JSON reader parsed the blocks (else `json`, line by line);
     live_refresh_s: one more line appended, then `/metrics?since_step=N` (the live poll);
-    points_sent: points of the run page's metrics reply (min/max-preserving downsampling);
+    points_sent, preview_points: points of the run page's exact metrics reply (min/max-preserving
+        downsampling) and of its preview;
     file_mb, lines: the file's size and lines;
     date_utc, machine, load_avg_1m: when, where (CPUs, platform) and under what load (the
         1-minute load average at the start and the end) the figures were measured.
@@ -30,6 +38,7 @@ import json
 import os
 import pathlib
 import platform
+import resource
 import shutil
 import sys
 import tempfile
@@ -80,6 +89,12 @@ def write_metrics(path: pathlib.Path, lines: int, seed: int = 0) -> None:
             f.write("".join(out))
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process so far (all threads: the background parse included)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lines", type=int, default=1_000_000)
@@ -117,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         load_at_start = os.getloadavg()[0]
+        t = time.perf_counter()
+        with open(run / "metrics.jsonl", "rb") as f:
+            newlines = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 24), b""))
+        reference = time.perf_counter() - t
+        assert newlines >= args.lines, newlines
         client = TestClient(create_app(tmp / "runs", index_in_background=False))
 
         def open_page() -> tuple[float, dict]:
@@ -128,7 +148,17 @@ def main(argv: list[str] | None = None) -> int:
             metrics = client.get(f"/api/runs/big/metrics?max_points={args.max_points}").json()
             return time.perf_counter() - t, metrics
 
-        cold, metrics = open_page()
+        cpu, start = _cpu_s(), time.perf_counter()
+        cold, preview = open_page()
+        cold_cpu = _cpu_s() - cpu
+        assert preview["partial"], "the cold open was not a preview: is the file that small?"
+        while True:  # the page polls until the background parse is done
+            metrics = client.get(f"/api/runs/big/metrics?max_points={args.max_points}").json()
+            if not metrics["partial"]:
+                break
+            time.sleep(0.05)
+        exact = time.perf_counter() - start
+        exact_cpu = _cpu_s() - cpu
         warm, _ = open_page()
         last = metrics["last_step"]
         with open(run / "metrics.jsonl", "a") as f:
@@ -146,6 +176,12 @@ def main(argv: list[str] | None = None) -> int:
         open_indexed, _ = open_page()
         out = {
             "open_cold_s": round(cold, 3),
+            "open_cold_cpu_s": round(cold_cpu, 3),
+            "preview_points": sum(len(s["steps"]) for s in preview["series"].values()),
+            "exact_s": round(exact, 3),
+            "exact_cpu_s": round(exact_cpu, 3),
+            "reference_s": round(reference, 3),
+            "open_cold_ratio": round(cold / reference, 2),
             "open_warm_s": round(warm, 3),
             "index_s": round(index_s, 3),
             "open_indexed_s": round(open_indexed, 3),

@@ -7,25 +7,11 @@ Bytes of Python source (byte tokenizer, 259 ids), 128-token sequences, 16 per st
 Llama with 128-wide embeddings (~0.9M parameters); AdamW with a warmup-stable-decay schedule.
 """
 
-from meltemi.levanter.config import base_config, with_variant
+from meltemi.levanter.config import base_config, smoke_variant, with_variant
 
 VARIANTS = {
     # Two steps of a tiny model: what the config's test runs.
-    "smoke": {
-        "name": "default-smoke",
-        "trainer.num_train_steps": 2,
-        "trainer.train_batch_size": 4,
-        "trainer.progress_bar": False,
-        "eval.every_steps": 0,
-        "eval.num_batches": 1,
-        "eval.batch_size": 4,
-        "data.seq_len": 32,
-        "model.hidden_dim": 32,
-        "model.intermediate_dim": 48,
-        "model.num_layers": 2,
-        "model.head_dim": 8,
-        "checkpoint.save_every_steps": 1,
-    },
+    "smoke": smoke_variant("default-smoke", {"eval.every_steps": 0, "data.seq_len": 32}),
     # The same run as two slices (one process each) joined over loopback.
     "multislice": {"name": "default-multislice", "mesh.num_slices": 2},
 }

@@ -8,66 +8,44 @@ starts from the newest checkpoint of the SFT run (`runs/sft`), which is also the
 reference model, and trains on the small preference set shipped beside this file (`dpo_data/`:
 600 pairs in which the chosen reply spells the asked word, `spell: kalo` -> `k-a-l-o`, and the
 rejected reply spells another word of the same length in the same format; made by
-`dpo_data/make_pairs.py`). The 64 held-out pairs (words never seen in training) are evaluated
-as `eval/validation/*`: `rewards/accuracies` is the share of pairs whose implied reward
-`beta * (log pi - log ref)` prefers the chosen reply.
+`dpo_data/make_pairs.py` so that every pair fits one 128-token row: none is dropped). The 64
+held-out pairs (words never seen in training) are evaluated as `eval/validation/*`:
+`rewards/accuracies` is the share of pairs whose implied reward `beta * (log pi - log ref)`
+prefers the chosen reply, `logps/accuracies` the share the policy itself gives more
+probability to; `--config.eval.at_start=true` also evaluates the SFT model before the first
+step (logged as step 0).
 
 Other objectives and references are overrides: `--config.trainer.objective=ipo` (or `simpo`,
 reference-free, with `trainer.beta=2.0`), `--config.trainer.reference=precomputed` (the
 reference's log-probs computed once before training), `--config.model.lora.rank=8` (the
 reference is then the base model without adapters, with no second copy).
 
-`:short` is what `tests/test_dpo.py` runs after a shortened pretraining and SFT; `:smoke`
-trains 2 steps of a tiny model from scratch (`tests/test_configs.py`).
+`:short` is 60 steps (after a shortened pretraining and SFT, as tutorial 07 runs them);
+`:smoke` trains 2 steps of a tiny model from scratch (`tests/test_configs.py`,
+`tests/test_dpo.py`).
 """
 
-import importlib.util
 import pathlib
 
-from meltemi.levanter.config import with_variant
+from meltemi.levanter.config import sibling_config, smoke_variant, with_variant
 
-HERE = pathlib.Path(__file__).parent
-PAIRS = HERE / "dpo_data"
-
-
-def _sft_config():
-    """sft.py's config (the model and chat template the SFT run trained), keys included."""
-    spec = importlib.util.spec_from_file_location("meltemi_config_sft", HERE / "sft.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
-
+PAIRS = pathlib.Path(__file__).parent / "dpo_data"
 
 VARIANTS = {
-    # What tests/test_dpo.py trains after a shortened pretraining and SFT.
+    # 60 steps after a shortened pretraining and SFT.
     "short": {
         "name": "dpo-short",
         "trainer.num_train_steps": 60,
         "eval.every_steps": 0,
     },
     # Two steps of a tiny model from scratch (its own start is the reference).
-    "smoke": {
-        "name": "dpo-smoke",
-        "checkpoint.init_from": "",
-        "trainer.num_train_steps": 2,
-        "trainer.train_batch_size": 4,
-        "trainer.progress_bar": False,
-        "eval.every_steps": 0,
-        "eval.num_batches": 1,
-        "eval.batch_size": 4,
-        "model.hidden_dim": 32,
-        "model.intermediate_dim": 48,
-        "model.num_layers": 2,
-        "model.num_heads": 4,
-        "model.num_kv_heads": 2,
-        "model.head_dim": 8,
-        "checkpoint.save_every_steps": 1,
-    },
+    "smoke": smoke_variant("dpo-smoke", {"checkpoint.init_from": "", "eval.every_steps": 0}),
 }
 
 
 def get_config(variant=None):
-    config = _sft_config()  # the same model and template: the warm start matches every array
+    # The same model and template as the SFT run: the warm start matches every array.
+    config = sibling_config(__file__, "sft.py")
     config.name = "dpo"
     config.checkpoint.init_from = "runs/sft"  # its newest checkpoint: policy and reference
     config.data.train_files = (str(PAIRS / "train.jsonl"),)

@@ -20,7 +20,7 @@ a cosine decay at a low learning rate. `:smoke` is the same recipe with a tiny m
 ways; on one device it does not split).
 """
 
-from meltemi.levanter.config import base_config, with_variant
+from meltemi.levanter.config import base_config, smoke_variant, with_variant
 
 _YARN_128K = {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096}
 
@@ -64,35 +64,27 @@ VARIANTS = {
         },
     },
     # The recipe at CPU size: a tiny model, 256-token rows (YaRN from 32 positions).
-    "smoke": {
-        "name": "long-context-smoke",
-        "model.preset": "tiny-llama",
-        "model.hidden_dim": 32,
-        "model.intermediate_dim": 48,
-        "model.num_layers": 2,
-        "model.num_heads": 4,
-        "model.num_kv_heads": 2,
-        "model.head_dim": 8,
-        "model.max_seq_len": 256,
-        "model.remat": "none",
-        "model.rope_scaling": {
-            "rope_type": "yarn",
-            "factor": 8.0,
-            "original_max_position_embeddings": 32,
+    "smoke": smoke_variant(
+        "long-context-smoke",
+        {
+            "model.preset": "tiny-llama",
+            "model.max_seq_len": 256,
+            "model.remat": "none",
+            "model.rope_scaling": {
+                "rope_type": "yarn",
+                "factor": 8.0,
+                "original_max_position_embeddings": 32,
+            },
+            "data.seq_len": 256,
+            "mesh.ici.fsdp": 1,
+            "mesh.ici.data": 1,
+            "mesh.ici.sequence": -1,
+            "trainer.train_batch_size": 2,
+            "trainer.compute_dtype": "float32",
+            "eval.batch_size": 2,
+            "checkpoint.keep_every_steps": 0,
         },
-        "data.seq_len": 256,
-        "mesh.ici.fsdp": 1,
-        "mesh.ici.data": 1,
-        "mesh.ici.sequence": -1,
-        "trainer.num_train_steps": 2,
-        "trainer.train_batch_size": 2,
-        "trainer.compute_dtype": "float32",
-        "trainer.progress_bar": False,
-        "eval.num_batches": 1,
-        "eval.batch_size": 2,
-        "checkpoint.save_every_steps": 1,
-        "checkpoint.keep_every_steps": 0,
-    },
+    ),
 }
 
 

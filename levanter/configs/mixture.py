@@ -18,40 +18,30 @@ Needs the interpreter's test suite (`<stdlib>/test`); some Linux distributions p
 separately (Debian: libpython3.X-testsuite).
 """
 
-import importlib.util
 import os
-import pathlib
 import sysconfig
 
-from meltemi.levanter.config import mixture_component, with_variant
+from meltemi.levanter.config import mixture_component, sibling_config, smoke_variant, with_variant
 
 TESTS = os.path.join(sysconfig.get_paths()["stdlib"], "test")
 
 
-def _default_config_module():
-    # The model, optimizer and schedule are default.py's: this file changes only the data.
-    path = pathlib.Path(__file__).with_name("default.py")
-    spec = importlib.util.spec_from_file_location("meltemi_config_default_for_mixture", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-DEFAULT = _default_config_module()
-
 VARIANTS = {
     # default.py's two-step tiny model; the batch size and the weights change at step 1.
-    "smoke": {
-        **DEFAULT.VARIANTS["smoke"],
-        "name": "mixture-smoke",
-        "trainer.batch_schedule": "0:4,1:8",
-        "data.weight_stages": ((1, {"stdlib": 0.5, "tests": 0.5}),),
-    },
+    "smoke": smoke_variant(
+        "mixture-smoke",
+        {
+            "eval.every_steps": 0,
+            "data.seq_len": 32,
+            "trainer.batch_schedule": "0:4,1:8",
+            "data.weight_stages": ((1, {"stdlib": 0.5, "tests": 0.5}),),
+        },
+    ),
 }
 
 
 def get_config(variant=None):
-    config = DEFAULT.get_config()
+    config = sibling_config(__file__, "default.py")
     config.unlock()
     config.name = "mixture"
     config.data.source = "mixture"

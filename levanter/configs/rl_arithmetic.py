@@ -1,20 +1,31 @@
-"""RL with verifiable rewards on this machine: a tiny model on single-digit arithmetic.
+"""RL with verifiable rewards on this machine: a tiny model on carry-free two-digit sums.
 
     ./bazelw run //levanter:train -- --config=levanter/configs/rl_arithmetic.py:sft
     ./bazelw run //levanter:rl -- --config=levanter/configs/rl_arithmetic.py
 
-`:sft` teaches a 2-layer, 64-wide Llama (byte tokenizer) the answer format, `3+4=7<eos>`,
-on the arithmetic environment's training split (`rl_data/`, made by
-`rl_data/make_arithmetic_sft.py`; 180 problems, 20 held out). The RL run starts from that
-checkpoint and trains GRPO on the same environment with 2 rollout workers (fray local
-backend), exact-match reward, 8 prompts x 8 samples a step, generating one step ahead; the
-held-out split's exact-match reward (greedy, and of the policy's samples) is logged at the
-start and every 10 steps (`evals.jsonl`, `eval/arithmetic/*`). `:rloo` swaps the estimator,
-`:smoke` is 2 steps.
+The environment is `ArithmeticEnv(max_operand=99, ops="+", carries=False)` (`rl.carries`):
+additions with no carry, 2,723 training and 302 held-out problems; they are solved column by
+column from single-digit facts, so what is learned on training problems holds on held-out ones.
+Reward: 1.0 when the response's first line is exactly the sum (`46`), else 0.
 
-Measured (2026-11-26, load 15-20 on 2 cores): the whole RL run takes about 3 minutes, but it
-does not yet raise the held-out reward (greedy 0.10 at the start and after 40 steps); see
-levanter/README.md, "Reinforcement learning", for the figures.
+`:sft` (800 steps, about a minute) teaches a 2-layer, 64-wide Llama (byte tokenizer) the sums
+from the training split (`rl_data/`, made by `rl_data/make_arithmetic_sft.py`), on purpose in
+two formats: one answer in three is written `12+34=46`, the other two `12+34=46.0`, which the
+exact-match reward refuses. The SFT model so mostly answers `46.0`-style, on held-out prompts
+too (its greedy reward there is 0). The RL run starts from that checkpoint and trains GRPO on
+the training split only, 16 prompts x 8 samples a step, lr 3e-4, with 2 rollout workers (fray
+local backend) generating one step ahead. The reward never shows an answer; the format it
+prefers is one choice shared by all prompts, so what RL learns from it carries over to the
+held-out prompts. Their exact-match reward (greedy, and of the policy's samples) is logged at
+the start and every 10 steps (`evals.jsonl`, `eval/arithmetic/*`). `:rloo` swaps the
+estimator, `:test` is the short run of tests/test_rl_rise.py, `:smoke` is 2 steps.
+
+Measured (2026-11-27, 2 cores shared with 4 other jobs, seeds fixed, 100 held-out prompts):
+held-out greedy exact match 0.00 at step 0, 0.50 at step 10, 0.66 at 20, 0.68 at 40; sampled
+0.154 -> 0.289. The 40 steps take 52 s (the update compiles once, then ~0.1 s a step).
+
+SIGTERM stops the run after the step in progress with a checkpoint (exit status 75); the same
+command resumes it.
 """
 
 import pathlib
@@ -35,7 +46,8 @@ _TINY = {
 }
 
 VARIANTS = {
-    # The SFT stage (`//levanter:train`): the answer format from the training split.
+    # The SFT stage (`//levanter:train`): the sums of the training split, two answers in
+    # three in the `46.0` format the reward refuses (rl_data/make_arithmetic_sft.py).
     "sft": {
         "name": "rl-arithmetic-sft",
         "checkpoint.init_from": "",
@@ -43,7 +55,7 @@ VARIANTS = {
         "data.train_files": (str(DATA / "arithmetic_train.jsonl"),),
         "data.validation_files": (str(DATA / "arithmetic_test.jsonl"),),
         "data.packing": "whole_documents",
-        "trainer.num_train_steps": 150,
+        "trainer.num_train_steps": 800,
         "trainer.train_batch_size": 16,
         "optimizer.learning_rate": 3e-3,
         "optimizer.warmup": 10,
@@ -51,6 +63,15 @@ VARIANTS = {
         "eval.num_batches": 2,
     },
     "rloo": {"rl.objective": "rloo"},
+    # The held-out rise in short (tests/test_rl_rise.py): 18 steps, one in-process worker.
+    "test": {
+        "trainer.num_train_steps": 18,
+        "checkpoint.save_every_steps": 0,
+        "rl.backend": "inprocess",
+        "rl.num_workers": 1,
+        "rl.eval_every_steps": 0,
+        "rl.eval_prompts": 64,
+    },
     # 2 steps from scratch: what tests/test_configs.py trains (with the trainer binary).
     "smoke": {
         "checkpoint.init_from": "",
@@ -77,19 +98,20 @@ def get_config(variant=None):
     config.trainer.progress_bar = False
     config.checkpoint.init_from = "runs/rl-arithmetic-sft"
     config.checkpoint.save_every_steps = 10
-    config.optimizer.learning_rate = 1e-3
+    config.optimizer.learning_rate = 3e-4
     config.optimizer.warmup = 0
     config.optimizer.weight_decay = 0.0
     config.rl.objective = "grpo"
     config.rl.env = "arithmetic"
-    config.rl.max_operand = 9
-    config.rl.ops = "+-"
-    config.rl.prompts_per_step = 8
+    config.rl.max_operand = 99
+    config.rl.ops = "+"
+    config.rl.carries = False
+    config.rl.prompts_per_step = 16
     config.rl.samples_per_prompt = 8
-    config.rl.max_tokens = 4
+    config.rl.max_tokens = 5
     config.rl.num_workers = 2
     config.rl.eval_every_steps = 10
-    config.rl.eval_prompts = 20
+    config.rl.eval_prompts = 100
     config.rl.kv_bytes = 2 << 20
     config.rl.max_seqs = 64
     return with_variant(config, variant, VARIANTS)

@@ -15,54 +15,27 @@ words the training split never saw) is evaluated as `eval/validation`.
 `:smoke` trains 2 steps of a tiny model from scratch (`tests/test_configs.py`).
 """
 
-import importlib.util
 import pathlib
 
-from meltemi.levanter.config import with_variant
+from meltemi.levanter.config import sibling_config, smoke_variant, with_variant
 
-HERE = pathlib.Path(__file__).parent
-CHAT = HERE / "sft_data"
-
-
-def _default_config():
-    """default.py's config (the model the default run pretrained), unlocked keys included."""
-    spec = importlib.util.spec_from_file_location("meltemi_config_default", HERE / "default.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
-
+CHAT = pathlib.Path(__file__).parent / "sft_data"
 
 VARIANTS = {
     # What tests/test_sft.py trains after a 40-step pretraining of default.py.
     "short": {
         "name": "sft-short",
-        "trainer.num_train_steps": 100,
+        "trainer.num_train_steps": 50,
         "eval.every_steps": 0,
         "eval.num_batches": 2,
     },
     # Two steps of a tiny model from scratch: what the config's test runs.
-    "smoke": {
-        "name": "sft-smoke",
-        "checkpoint.init_from": "",
-        "trainer.num_train_steps": 2,
-        "trainer.train_batch_size": 4,
-        "trainer.progress_bar": False,
-        "eval.every_steps": 0,
-        "eval.num_batches": 1,
-        "eval.batch_size": 4,
-        "model.hidden_dim": 32,
-        "model.intermediate_dim": 48,
-        "model.num_layers": 2,
-        "model.num_heads": 4,
-        "model.num_kv_heads": 2,
-        "model.head_dim": 8,
-        "checkpoint.save_every_steps": 1,
-    },
+    "smoke": smoke_variant("sft-smoke", {"checkpoint.init_from": "", "eval.every_steps": 0}),
 }
 
 
 def get_config(variant=None):
-    config = _default_config()  # the same model: the warm start matches every array
+    config = sibling_config(__file__, "default.py")  # the same model: the warm start fits
     config.name = "sft"
     config.checkpoint.init_from = "runs/default"  # its newest checkpoint
     config.data.source = "chat"

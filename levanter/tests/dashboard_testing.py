@@ -235,7 +235,13 @@ def build_runs_folder(
         reason="slice 1 lost; training on 1 of 2 slices",
         slices=[
             SliceStatus(
-                0, state="running", pid=4242, restarts=0, started_at=now - 120, peak_rss_mb=1024.5
+                0,
+                state="running",
+                pid=4242,
+                restarts=0,
+                started_at=now - 120,
+                peak_rss_mb=1024.5,
+                step=8,
             ),
             SliceStatus(
                 1,
@@ -246,6 +252,7 @@ def build_runs_folder(
                 started_at=now - 90,
                 ended_at=now - 30,
                 peak_rss_mb=998.0,
+                step=5,  # lost after step 5 (mesh/num_slices drops to 1 after it)
                 reason="its process was killed (SIGKILL)",
             ),
         ],

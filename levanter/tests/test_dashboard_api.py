@@ -10,6 +10,7 @@ import math
 import shutil
 import threading
 import time
+import types
 
 import _fake_gcs
 import _subprocess
@@ -23,6 +24,8 @@ from meltemi.levanter.dashboard import (
     DashboardServer,
     MetricsLog,
     RunsRoot,
+    _metrics,
+    _runs,
     create_app,
     downsample,
     free_port,
@@ -225,8 +228,29 @@ def test_slices_are_the_status_file(folder, client):
         for s in status["slices"]
     ]
     assert got["slices"][0]["peak_memory_bytes"] == int(status["slices"][0]["peak_rss_mb"] * 2**20)
+    # each slice's current step: the running one at the job's, the lost one where it left
+    assert [s["step"] for s in got["slices"]] == [s["step"] for s in status["slices"]] == [8, 5]
     assert [e["kind"] for e in got["events"]] == [e["kind"] for e in status["events"]]
     assert got["job"]["num_slices"] == 1 and got["job"]["target_slices"] == 2
+
+
+def test_the_launcher_writes_each_slice_current_step(tmp_path):
+    from meltemi.levanter.multislice._launch import _ElasticJob
+
+    mesh = types.SimpleNamespace(num_slices=2, min_slices=1, fixed_devices=None)
+    spec = types.SimpleNamespace(mesh=mesh, run_dir=tmp_path)
+    job = _ElasticJob(spec, None, max_restarts=1, available=None, backoff_s=0.1, standby=False)
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(f'{{"step": {s}}}\n' for s in range(1, 6)))
+    job.write_status()
+    job.slices[1].state = "lost"
+    metrics.write_text("".join(f'{{"step": {s}}}\n' for s in range(1, 10)))
+    job.write_status()
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["step"] == 9
+    assert [s["step"] for s in status["slices"]] == [9, 5]
+    got = TestClient(create_app(tmp_path.parent)).get(f"/api/runs/{tmp_path.name}/slices").json()
+    assert [s["step"] for s in got["slices"]] == [9, 5]
 
 
 def test_compare_lists_differing_keys_with_their_sources(client):
@@ -442,6 +466,55 @@ def test_a_million_points_are_downsampled_by_the_endpoint(tmp_path):
     assert bad.status_code == 400 and "max_points=3" in bad.json()["error"]
 
 
+def test_a_long_run_opens_as_a_sampled_preview_then_exactly(tmp_path, monkeypatch):
+    monkeypatch.setattr(_runs, "PREVIEW_ABOVE_BYTES", 16 << 10)  # this file is ~240 KB
+    monkeypatch.setattr(_metrics, "PREVIEW_WINDOWS", 40)
+    monkeypatch.setattr(_metrics, "PREVIEW_WINDOW_BYTES", 200)
+    monkeypatch.setattr(_metrics, "PREVIEW_TAIL_BYTES", 1024)
+    n, spike, corrupt_at = 5000, 2345, 3001
+    loss = {s: 99.0 if s == spike else 1.0 + (s % 7) / 10 for s in range(1, n + 1)}
+    text = "".join(
+        json.dumps({"step": s, "train/loss": loss[s], "tps": 1e3 + s})
+        + "\n"
+        + ('{"step": 3001, "train/loss": 1.0\n' if s == corrupt_at else "")
+        for s in range(1, n + 1)
+    )
+    run = tmp_path / "runs" / "long"
+    run.mkdir(parents=True)
+    run.joinpath("metrics.jsonl").write_text(text)
+    parse_may_start = threading.Event()
+    refresh = MetricsLog.refresh
+
+    def held_refresh(self):  # the background parse waits until the preview is checked
+        assert parse_may_start.wait(20)
+        return refresh(self)
+
+    monkeypatch.setattr(MetricsLog, "refresh", held_refresh)
+    client = TestClient(create_app(tmp_path / "runs", index_in_background=False))
+    first = client.get("/api/runs/long/metrics?keys=train/loss&max_points=100000").json()
+    detail = client.get("/api/runs/long").json()
+    assert first["partial"] and detail["partial"] and detail["summary"]["partial"]
+    # The tail is read whole: the last step and the last values are exact.
+    assert first["last_step"] == n and detail["summary"]["step"] == n
+    assert detail["summary"]["loss"] == loss[n]
+    # The sample: real lines from the whole file, a count estimated within 10%.
+    steps, values = first["series"]["train/loss"]["steps"], first["series"]["train/loss"]["values"]
+    assert 60 <= len(steps) < n // 10 and steps[0] < n // 20 and steps[-1] == n
+    assert values == [loss[s] for s in steps]
+    assert abs(first["lines"] - n) < n // 10
+    parse_may_start.set()
+    deadline = time.monotonic() + 60
+    while (got := client.get("/api/runs/long/metrics?keys=train/loss&max_points=500").json())[
+        "partial"
+    ]:
+        assert time.monotonic() < deadline, "the background parse did not finish"
+        time.sleep(0.05)
+    assert got["lines"] == n and got["skipped_lines"] == 1 and got["downsampled"]
+    assert max(got["series"]["train/loss"]["values"]) == 99.0  # the spike the sample missed
+    assert spike in got["series"]["train/loss"]["steps"]
+    assert not client.get("/api/runs/long").json()["partial"]
+
+
 def test_since_step_returns_only_new_lines(folder, client):
     before = client.get("/api/runs/live/metrics?keys=train/loss").json()["last_step"]
     folder.live_run.append(3)
@@ -472,6 +545,85 @@ def test_the_event_stream_sends_a_new_step_within_two_seconds(folder):
         reader.join(10)
     assert got["series"]["train/loss"]["steps"] == [start + 1]
     assert got["at"] - written < 10.0  # issue: 2 s; loose for a loaded CI machine
+
+
+# -- MFU: its denominator
+
+
+def test_the_measured_peak_is_at_least_a_timed_matmul_of_any_size():
+    """MFU over 100% means the peak was read low: no matmul may beat it (the README's 154%).
+
+    The machine's load changes from second to second, so the peak is measured just before
+    and just after the matmuls are timed, and the higher of the two counts.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from meltemi.levanter.trainer import _trainer
+
+    def peak() -> float:
+        _trainer._PEAK_FLOPS.clear()
+        return _trainer.measure_peak_flops()
+
+    before, rates = peak(), {}
+    for size in (192, 256, 512, 1024):
+        a = jnp.ones((size, size), jnp.float32)
+        f = jax.jit(lambda x: x @ x)
+        f(a).block_until_ready()
+        best, start = float("inf"), time.perf_counter()
+        while time.perf_counter() - start < 0.1:
+            t = time.perf_counter()
+            f(a).block_until_ready()
+            best = min(best, time.perf_counter() - t)
+        rates[size] = 2 * size**3 / best
+    measured = max(before, peak())
+    # 2x: this machine's rate swings 2x within seconds (other jobs); a peak read at 1024 only
+    # (the old measurement) was 2-4x below the small sizes' (see the next test).
+    assert max(rates.values()) <= 2 * measured, (f"peak {measured:.3g} FLOP/s", rates)
+
+
+def test_one_quiet_moment_of_the_measurement_is_the_peak(monkeypatch):
+    """On a busy machine most repetitions run slow; the peak is the fastest of all sizes and
+    repetitions (a fake clock: every matmul takes 10 ms but one 256x256 one takes 0.1 ms)."""
+    from meltemi.levanter.trainer import _trainer
+
+    clock, calls = [0.0], []
+
+    class Matmul:
+        def __init__(self, size):
+            self.size = size
+
+        def __call__(self, a):
+            calls.append(self.size)
+            quiet = self.size == 256 and calls.count(256) == 6  # the warm-up call is the 1st
+            clock[0] += 1e-4 if quiet else 1e-2
+            return self
+
+        def block_until_ready(self):
+            return self
+
+    monkeypatch.setattr(_trainer.jax, "device_put", lambda a, d: a)
+    monkeypatch.setattr(_trainer.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(_trainer.jnp, "ones", lambda shape, dtype: shape[0])
+    monkeypatch.setattr(_trainer, "_PEAK_FLOPS", {})
+
+    def jit(f):  # the size is the array's (jnp.ones is faked to return the size)
+        return lambda a: Matmul(a)(a)
+
+    monkeypatch.setattr(_trainer.jax, "jit", jit)
+    got = _trainer.measure_peak_flops()
+    assert got == pytest.approx(2 * 256**3 / 1e-4)
+
+
+def test_cpu_devices_of_one_process_share_one_peak():
+    import jax
+
+    from meltemi.levanter.trainer import measure_peak_flops
+    from meltemi.levanter.trainer._trainer import peak_flops
+
+    cpu = jax.devices("cpu")[0]
+    # --xla_force_host_platform_device_count=4: four devices on the same cores, not 4x the peak
+    assert peak_flops([cpu] * 4) == peak_flops([cpu]) == measure_peak_flops()
 
 
 # -- a bucket path

@@ -13,15 +13,17 @@ import os
 import pathlib
 import re
 import shutil
+import threading
 import time
 
 import pytest
 from dashboard_testing import build_runs_folder
 from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
-from meltemi.levanter.dashboard import DashboardServer
+from meltemi.levanter.dashboard import DashboardServer, _metrics, _runs
 from meltemi.levanter.dashboard._app import STATIC_DIR
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -312,11 +314,58 @@ def test_slices_page_shows_each_slice_and_the_events_of_status_json(browser, url
         assert _cell(row, "state") == s["state"]
         assert _cell(row, "last_exit") == (s["last_exit"] or "—")
         assert _cell(row, "restarts") == str(s["restarts"])
-        assert _cell(row, "step") == str(status["step"])
+        assert _cell(row, "step") == str(s["step"])  # each slice's own
+    assert [_cell(row, "step") for row in rows] == ["8", "5"]  # not the job's 8 twice
     kinds = _ids(browser, "[data-testid=events] li", "data-kind")
     assert kinds == [e["kind"] for e in status["events"]]
     assert len(_all(browser, "[data-testid=timeline] .ev")) == len(kinds)
     _screenshot(browser, "slices")
+
+
+def test_a_long_run_shows_a_sampled_preview_then_the_exact_curves(
+    browser, url, folder, monkeypatch
+):
+    monkeypatch.setattr(_runs, "PREVIEW_ABOVE_BYTES", 16 << 10)  # this file is ~240 KB
+    monkeypatch.setattr(_metrics, "PREVIEW_WINDOWS", 40)
+    monkeypatch.setattr(_metrics, "PREVIEW_WINDOW_BYTES", 200)
+    monkeypatch.setattr(_metrics, "PREVIEW_TAIL_BYTES", 1024)
+    n, spike = 5000, 2345
+    loss = {s: 99.0 if s == spike else 1.0 + (s % 7) / 10 for s in range(1, n + 1)}
+    run = folder.root / "long"
+    run.mkdir()
+    run.joinpath("metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "train/loss": loss[s]}) + "\n" for s in loss)
+    )
+    parse_may_start, refresh = threading.Event(), _metrics.MetricsLog.refresh
+
+    def held_refresh(self):  # this run's background parse waits until the preview is seen
+        if self.path.endswith("/long/metrics.jsonl"):
+            assert parse_may_start.wait(20)
+        return refresh(self)
+
+    monkeypatch.setattr(_metrics.MetricsLog, "refresh", held_refresh)
+
+    def note() -> str:
+        try:
+            return _one(browser, "[data-testid=lines]").text
+        except (NoSuchElementException, StaleElementReferenceException):  # being redrawn
+            return ""
+
+    try:
+        _open(browser, url, "#/run/long")
+        assert "sampled preview" in note()
+        steps, values = _chart(browser, "loss")["train/loss"]
+        assert 60 <= len(steps) < n // 10 and steps[-1] == n
+        assert values == [loss[s] for s in steps]  # real lines of the file
+        _screenshot(browser, "preview")
+        parse_may_start.set()
+        _wait(lambda: note() == f"{n:,} lines", 30, "the exact page after the background parse")
+        steps, values = _chart(browser, "loss")["train/loss"]
+        assert max(values) == 99.0 and spike in steps  # min/max downsampling of every line
+        assert len(steps) <= 2001
+    finally:
+        parse_may_start.set()
+        shutil.rmtree(run)  # the other tests' runs list stays the folder's
 
 
 def test_provenance_page_shows_the_documents_and_text_of_a_row(browser, url, folder):

@@ -196,3 +196,12 @@ def test_the_token_is_never_logged(tree, caplog, capfd):
     ]  # the client logs its URLs
     assert any(r.name.startswith("httpx") for r in caplog.records)  # logging was captured
     assert TOKEN not in out + err + "\n".join(server_logs)
+
+
+def test_the_dashboard_server_is_the_shared_background_server():
+    """One uvicorn-in-a-thread for the dashboard and models' OpenAI server, one free_port."""
+    import meltemi.levanter.dashboard as dashboard
+    from meltemi.models.serve import _background
+
+    assert issubclass(DashboardServer, _background.BackgroundServer)
+    assert dashboard.free_port is _background.free_port

@@ -42,13 +42,20 @@ def _records(run_dir):
 
 @pytest.fixture(scope="module")
 def live(root):
-    trainer = Trainer(_config(root, "live"))
+    trainer = Trainer(_config(root, "live", ("eval.at_start", "true")))
+    return trainer, trainer.run()
+
+
+@pytest.fixture(scope="module")
+def pre(root):
+    trainer = Trainer(_config(root, "pre", ("trainer.reference", "precomputed")))
     return trainer, trainer.run()
 
 
 def test_a_dpo_step_logs_rewards_accuracies_and_log_ratios(root, live):
     _, result = live
-    first = _records(root / "live")[0]
+    first = _records(root / "live")[1]  # [0] is the evaluation at the start (step 0)
+    assert first["step"] == 1
     # Step 1: the policy is its own reference, so the loss is log 2 and the rewards are 0.
     assert first["train/loss"] == pytest.approx(np.log(2), abs=1e-6)
     for name in ("rewards/margins", "rewards/chosen", "logratios/rejected"):
@@ -60,6 +67,21 @@ def test_a_dpo_step_logs_rewards_accuracies_and_log_ratios(root, live):
     assert ev["pairs"] == 4  # eval.batch_size 4 rows of one batch: pairs that fit
     last = _records(root / "live")[-1]
     assert "eval/validation/rewards/accuracies" in last and "eval/validation/bpb" not in last
+
+
+def test_eval_at_start_evaluates_the_starting_model_as_step_0(root, live):
+    _, result = live
+    start = result.eval_at_start["validation"]
+    record = _records(root / "live")[0]
+    assert record["step"] == 0 and "train/loss" not in record
+    assert record["eval/validation/logps/accuracies"] == start["logps/accuracies"]
+    # The policy is its own reference: every pair ties, so the loss is log 2 and no implied
+    # reward prefers either reply; the policy's own preference is measured all the same.
+    assert start["loss"] == pytest.approx(np.log(2), abs=1e-6)
+    assert start["rewards/margins"] == 0.0 and start["rewards/accuracies"] == 0.0
+    assert 0.0 <= start["logps/accuracies"] <= 1.0 and start["pairs"] == 4
+    assert "eval/validation at step 0: loss 0.6931" in result.summary
+    print(f"start: {start}\nend: {result.eval['validation']}")
 
 
 def test_the_live_reference_is_a_frozen_copy_of_the_start(live):
@@ -78,10 +100,10 @@ def test_the_live_reference_is_a_frozen_copy_of_the_start(live):
     assert opt_bytes < 2.5 * params_bytes
 
 
-def test_the_precomputed_reference_gives_the_live_loss(root, live):
+def test_the_precomputed_reference_gives_the_live_loss(root, live, pre):
     _, live_result = live
-    config = _config(root, "pre", ("trainer.reference", "precomputed"))
-    result = Trainer(config).run()
+    trainer, result = pre
+    assert trainer.parts.train_data.computed_rows == 3 * 4
     for step, loss in live_result.losses.items():
         assert abs(result.losses[step] - loss) < 1e-5, (step, result.losses[step], loss)
     for k, v in live_result.eval["validation"].items():
@@ -108,6 +130,29 @@ def test_resume_is_bitwise(root, live):
     same = jax.tree.map(lambda a, b: bool((np.asarray(a) == np.asarray(b)).all()),
                         resumed.state.params, trainer.state.params)  # fmt: skip
     assert all(jax.tree.leaves(same))
+
+
+def test_resume_with_the_precomputed_reference_is_bitwise_and_reuses_its_log_probs(root, pre):
+    straight, result = pre
+    config = _config(root, "pre-resumed", ("trainer.reference", "precomputed"),
+                     ("data.cache_dir", str(root / "cache-resumed")),
+                     ("checkpoint.save_every_steps", "1"))  # fmt: skip
+    first = Trainer(config)
+    first.run(stop_after=2)
+    assert first.parts.train_data.computed_rows == 3 * 4  # a new cache: computed once
+    (stored,) = (root / "cache-resumed" / "reference").iterdir()
+    written = (stored / "logps.npy").stat().st_mtime_ns
+    resumed = Trainer(config)
+    again = resumed.run()
+    assert again.start_step == 2 and again.losses[3] == result.losses[3]
+    # Reopened from the cache by its key, not computed again.
+    assert resumed.parts.train_data.computed_rows == 0
+    assert (stored / "logps.npy").stat().st_mtime_ns == written
+    assert list((root / "cache-resumed" / "reference").iterdir()) == [stored]
+    for name in ("params", "opt_state"):
+        ours, theirs = getattr(resumed.state, name), getattr(straight.state, name)
+        same = jax.tree.map(lambda a, b: bool((np.asarray(a) == np.asarray(b)).all()), ours, theirs)
+        assert all(jax.tree.leaves(same)), name
 
 
 def _state_bytes(state):

@@ -12,6 +12,7 @@ from meltemi.levanter.config import ConfigError, base_config, rl_section, rl_spe
 from meltemi.levanter.envs import Prompt
 from meltemi.levanter.rl import BufferFullError, Group, RolloutBuffer
 from meltemi.levanter.rl._batch import step_batch
+from meltemi.levanter.rl._loop import make_env
 
 
 def _group(index, version, n=2, response=(5, 6, 7)):
@@ -111,11 +112,18 @@ def _rl_config(**values):
         ({"steps_ahead": 2}, r"rl.max_staleness=1 < rl.steps_ahead=2"),
         ({"env": "math"}, r"rl.env='math' needs rl.problems"),
         ({"backend": "threads"}, r"rl.backend='threads': must be one of"),
+        ({"carries": False, "ops": "+*"}, r"rl.carries=False with rl.ops='\+\*': '\*' has no"),
     ],
 )
 def test_rl_section_mistakes_are_one_line_naming_the_key(values, match):
     with pytest.raises(ConfigError, match=match):
         rl_spec(_rl_config(**values))
+
+
+def test_rl_carries_false_gives_the_carry_free_environment():
+    rl = rl_spec(_rl_config(max_operand=99, ops="+", carries=False))
+    env = make_env(rl)
+    assert (env.size("train"), env.size("test")) == (2723, 302)
 
 
 def test_a_config_without_the_rl_section_is_told_how_to_add_it():
@@ -133,3 +141,6 @@ def test_the_shipped_sft_set_is_its_generators_output():
         assert shipped == module.lines(split)
     # the SFT set never shows a held-out problem
     assert not set(module.lines("train")) & set(module.lines("test"))
+    # two in three training answers are in the format the reward refuses (`46.0`)
+    suffixed = [line.endswith('.0"}') for line in module.lines("train")]
+    assert sum(suffixed) == 1815 and not any(t.endswith('.0"}') for t in module.lines("test"))

@@ -7,6 +7,7 @@ from the outside: a listening socket it must not reach, a forked child it must n
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -186,6 +187,35 @@ def test_arithmetic_prompts_answers_and_held_out_split():
     assert envs.ArithmeticEnv(max_operand=12, ops="+-*", split_seed=1).prompt("test", 0) != test[0]
 
 
+def test_carry_free_arithmetic_keeps_exactly_the_problems_without_a_carry_or_borrow():
+    env = envs.ArithmeticEnv(max_operand=99, ops="+-", carries=False)
+    problems = {env.prompt(s, i).text for s in ("train", "test") for i in range(env.size(s))}
+    # the column rule, written out digit by digit (operands < 100: two columns)
+    expect = {
+        f"{a}{op}{b}="
+        for op in "+-"
+        for a in range(100)
+        for b in range(100)
+        if all(
+            (x + y <= 9) if op == "+" else (x >= y)
+            for x, y in ((a % 10, b % 10), (a // 10, b // 10))
+        )
+    }
+    assert problems == expect and len(expect) == 2 * 55 * 55
+
+    # held out: new numbers, every column fact of which (digit op digit) is in training too
+    def facts(split):
+        out = set()
+        for i in range(env.size(split)):
+            a, op, b = re.fullmatch(r"(\d+)([+-])(\d+)=", env.prompt(split, i).text).groups()
+            out |= {(x, op, y) for x, y in zip(a.zfill(2), b.zfill(2))}
+        return out
+
+    train = {env.prompt("train", i).text for i in range(env.size("train"))}
+    assert not train & {env.prompt("test", i).text for i in range(env.size("test"))}
+    assert facts("test") <= facts("train")
+
+
 @pytest.mark.parametrize(
     ("response", "reward"),
     [
@@ -212,6 +242,8 @@ def test_arithmetic_config_errors_name_the_fix():
         envs.ArithmeticEnv(max_operand=0)
     with pytest.raises(ValueError, match=r"test_fraction=1.5: must be in \(0, 1\)"):
         envs.ArithmeticEnv(test_fraction=1.5)
+    with pytest.raises(ValueError, match=r"ops='\+\*' with carries=False: '\*' has no carry-free"):
+        envs.ArithmeticEnv(ops="+*", carries=False)
 
 
 # --- math-verify ------------------------------------------------------------------------------

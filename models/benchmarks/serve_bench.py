@@ -228,15 +228,20 @@ def _static_compile_baseline(directory, trace: list, ctx: int, compile_backend: 
     model.forward = torch.compile(model.forward, **generate_bench._compile_kwargs(compile_backend))
     cache = StaticCache(config=model.config, max_cache_len=ctx)
     widths = sorted({prompt_bucket(len(p)) for _, p, _ in trace})
-    # One warm-up request per prompt bucket: every graph the trace needs is compiled here.
-    warm = [(0.0, [2] * w, 2) for w in widths]
+    # Warm-up requests per prompt bucket, one filling it and one padded (a full attention mask
+    # takes another graph), of three tokens (a prefill and two decoding steps, the first on a
+    # fresh cache): every graph the trace needs is compiled here. Dynamo guards on torch's
+    # thread count, so the buckets are warmed again at the thread count chosen.
+    warm = [(0.0, [2] * n, 3) for w in widths for n in (w, w // 2 + 1)]
     t = time.perf_counter()
     transformers_sequential(model, warm, static_cache=cache)
     warmup_s = time.perf_counter() - t
     speed = {n: transformers_sequential(model, warm[:1], n, static_cache=cache)["wall_s"]
              for n in (torch.get_num_threads(), 1)}  # fmt: skip
+    threads = min(speed, key=speed.get)
+    transformers_sequential(model, warm, threads, static_cache=cache)
     graphs = _graphs()
-    out = transformers_sequential(model, trace, min(speed, key=speed.get), static_cache=cache)
+    out = transformers_sequential(model, trace, threads, static_cache=cache)
     out["recompiles"] = _graphs() - graphs
     out["warmup_s"] = warmup_s
     out["prompt_buckets"] = widths

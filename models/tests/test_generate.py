@@ -228,3 +228,47 @@ def test_unknown_cache_dtype_names_the_choices():
     model = T.random_model(mm.get_preset("tiny-llama"), seed=3)
     with pytest.raises(mm.ConfigError, match="cache_dtype='float8'.*bfloat16"):
         mm.generate(model, PROMPTS, max_new_tokens=2, cache_dtype="float8")
+
+
+# -- the decoding layout: few-row products run weight-first -------------------------------------
+
+
+def _decoding_linear(In, Out):  # noqa: N803
+    import meltemi.haliax as hax
+    import meltemi.haliax.nn as hnn
+    from meltemi.models._generate import _weights_out_first
+
+    layer = hnn.Linear.init(In, Out, key=jax.random.key(0), use_bias=False)
+    layer = _weights_out_first(layer)
+    assert [a.name for a in layer.weight.axes] == [a.name for a in hax.concat_axes(Out, In)]
+    return layer
+
+
+@pytest.mark.parametrize("rows", [3, 40])
+def test_decoding_products_equal_the_plain_product(rows):
+    import meltemi.haliax as hax
+
+    In = (hax.Axis("heads", 3), hax.Axis("head_size", 5))  # noqa: N806 - multi-axis, as o_proj
+    Out = hax.Axis("embed", 13)  # noqa: N806
+    layer = _decoding_linear(In, Out)
+    Batch, Pos = hax.Axis("batch", rows), hax.Axis("position", 1)  # noqa: N806
+    x = hax.random.normal(jax.random.key(1), (Batch, Pos, *In))
+    got = layer(x).rearrange(("batch", "position", "embed")).array
+    want = jnp.einsum("bphd,ehd->bpe", x.array, layer.weight.array)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows, weight_first", [(3, True), (40, False)])
+def test_decoding_products_run_weight_first_only_for_few_rows(rows, weight_first):
+    # XLA:CPU reads a weight near its bandwidth bound only as `w[Out, In] @ x.T` when x has
+    # few rows; the barrier keeps XLA from folding the transpose back into `x @ w.T`.
+    import meltemi.haliax as hax
+
+    In, Out = hax.Axis("embed", 13), hax.Axis("mlp", 11)  # noqa: N806
+    layer = _decoding_linear(In, Out)
+    x = hax.named(jnp.ones((rows, 13)), (hax.Axis("batch", rows), In))
+    hlo = jax.jit(lambda m, x: m(x).array).lower(layer, x).compile().as_text()
+    dots = [line for line in hlo.splitlines() if " dot(" in line]
+    assert dots, hlo
+    first = f"f32[11,{rows}]" if weight_first else f"f32[{rows},11]"
+    assert all(line.split("=", 1)[1].strip().startswith(first) for line in dots), dots

@@ -5,10 +5,16 @@ same files).
 
 The prompts are `sft_data`'s spelling requests (`spell: kalo`); the chosen reply spells the
 asked word with hyphens (`k-a-l-o`), the rejected reply spells another made-up word of the
-same length in the same format (`b-i-t-u`). Both replies are in the format SFT taught, so the
-SFT model has no reason to prefer either (it learned the format, not the letters: 0% correct
-spellings); preferring the chosen reply means reading the word from the prompt. The held-out
-split asks for words the training split never saw.
+same length in the same format (`b-i-t-u`). Both replies are in the format SFT taught;
+preferring the chosen one means reading the word from the prompt. The SFT model of tutorial 07
+spells none of the held-out words right greedily, yet by log-prob it already prefers the chosen
+reply in about 90% of the held-out pairs (it learned to copy letters); DPO moves the margin
+against that reference. The held-out split asks for words the training split never saw.
+
+Every pair fits one `dpo.py` row (`ROW` = 128 tokens of the byte tokenizer, both
+conversations rendered with `sft_data/template.jinja`), so the trainer drops none: a row holds
+the prompt twice (once per reply), so the prompts carry no system message, and a request
+whose pair would not fit (the longest request with the longest words) is asked another way.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import random
 
 HERE = pathlib.Path(__file__).parent
 TRAIN, VALIDATION = 600, 64
+ROW = 128  # dpo.py's data.seq_len
 
 
 def _chat_set():
@@ -30,15 +37,28 @@ def _chat_set():
     return module
 
 
+def tokens(prompt: list[dict], reply: str) -> int:
+    """Byte-tokenizer tokens of one conversation as `sft_data/template.jinja` renders it:
+    `<|role|>\ncontent\n` per prompt turn, then `<|assistant|>\n` reply `<eos>` `\n`."""
+    turns = sum(len(f"<|{m['role']}|>\n{m['content']}\n".encode()) for m in prompt)
+    return turns + len(b"<|assistant|>\n") + len(reply.encode()) + 2
+
+
 def pair(rng: random.Random, word: str, other: str, chat) -> dict:
     """One row: a spelling request, the right spelling (chosen), another word's (rejected)."""
-    prompt = [{"role": "system", "content": chat._SYSTEM}] if rng.random() < 0.3 else []
-    prompt.append({"role": "user", "content": rng.choice(chat._ASKS).format(w=word)})
+    chosen, rejected = chat.spell(word), chat.spell(other)
+    asks = [a for a in chat._ASKS if _fits(a.format(w=word), chosen, rejected)]
+    prompt = [{"role": "user", "content": rng.choice(asks).format(w=word)}]
     return {
         "prompt": prompt,
-        "chosen": [{"role": "assistant", "content": chat.spell(word)}],
-        "rejected": [{"role": "assistant", "content": chat.spell(other)}],
+        "chosen": [{"role": "assistant", "content": chosen}],
+        "rejected": [{"role": "assistant", "content": rejected}],
     }
+
+
+def _fits(ask: str, chosen: str, rejected: str) -> bool:
+    prompt = [{"role": "user", "content": ask}]
+    return tokens(prompt, chosen) + tokens(prompt, rejected) <= ROW
 
 
 def make(seed: int = 1) -> tuple[list[dict], list[dict]]:

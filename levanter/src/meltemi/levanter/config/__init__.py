@@ -32,6 +32,7 @@ from meltemi.levanter.config._mixture import (
     mixture_plan,
     parse_component_source,
 )
+from meltemi.levanter.config._presets import SMOKE_MODEL, SMOKE_RUN, sibling_config, smoke_variant
 from meltemi.levanter.config._resolve import (
     PROVENANCES,
     ResolvedConfig,
@@ -79,6 +80,8 @@ from meltemi.levanter.config._spec import (
 __all__ = [
     "RL_BACKENDS",
     "RL_OBJECTIVES",
+    "SMOKE_MODEL",
+    "SMOKE_RUN",
     "RLSpec",
     "rl_key_reference",
     "rl_section",
@@ -130,6 +133,8 @@ __all__ = [
     "resolve_path",
     "resolve_run_dir",
     "set_value",
+    "sibling_config",
+    "smoke_variant",
     "special_token_ids",
     "split_spec",
     "with_variant",

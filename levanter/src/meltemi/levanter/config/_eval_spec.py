@@ -8,7 +8,7 @@ from typing import Any
 
 import ml_collections
 
-from meltemi.levanter.config._checks import AtLeast, Custom, Paths
+from meltemi.levanter.config._checks import AtLeast, Custom, Flag, Paths
 from meltemi.levanter.config._errors import ConfigError, InertKeyError
 from meltemi.levanter.config._keys import key, keys_of, read
 
@@ -33,7 +33,8 @@ def _harness_tasks(dotted: str, value: Any) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EvalSpec:
-    """`eval.*`: every `every_steps` steps (0: at the end), `num_batches` of `batch_size`.
+    """`eval.*`: every `every_steps` steps (0: at the end; `at_start`: and before the first
+    step), `num_batches` of `batch_size`.
 
     A key whose name starts with `harness_` (other than `harness_tasks`) has no effect without
     `harness_tasks`: set to anything but its default without tasks, it is an `InertKeyError`.
@@ -41,6 +42,12 @@ class EvalSpec:
 
     every_steps: int = key(
         0, "Evaluate every N steps (0: only at the end of training).", AtLeast(0, example=100)
+    )
+    at_start: bool = key(
+        False,
+        "Also evaluate the starting model before the first step (a run from step 0, not a "
+        "resume), logged as step 0: the baseline a run's evaluations are compared with.",
+        Flag(),
     )
     num_batches: int = key(4, "Batches per evaluation set.", AtLeast(0, example=4))
     batch_size: int = key(8, "Rows per evaluation batch.", AtLeast(1, example=8))

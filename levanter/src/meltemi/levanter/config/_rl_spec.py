@@ -38,6 +38,12 @@ class RLSpec:
     problems: str = key("", 'rl.env="math": a JSONL file of {"question", "answer"} lines.', Text())
     max_operand: int = key(20, "Arithmetic: operands are 0..max_operand.", AtLeast(1, example=20))
     ops: str = key("+-", 'Arithmetic: the operators ("+", "-", "*").', Text())
+    carries: bool = key(
+        True,
+        "Arithmetic: false keeps only problems with no carry or borrow (they generalise "
+        "column by column to held-out numbers; ops '+-' only).",
+        Flag(),
+    )
     prompts_per_step: int = key(8, "Prompts (groups) per training step.", AtLeast(1, example=8))
     samples_per_prompt: int = key(
         4,
@@ -142,6 +148,11 @@ def rl_spec(c: ml_collections.ConfigDict) -> RLSpec:
         raise ConfigError(
             'rl.env=\'math\' needs rl.problems, a JSONL file of {"question", "answer"} '
             "lines, e.g. --config.rl.problems=data/math_train.jsonl."
+        )
+    if v["env"] == "arithmetic" and not v["carries"] and "*" in v["ops"]:
+        raise ConfigError(
+            f"rl.carries=False with rl.ops={v['ops']!r}: '*' has no carry-free form; set "
+            "--config.rl.ops=+- or --config.rl.carries=True."
         )
     if v["objective"] == "rloo" and v["samples_per_prompt"] < 2:
         raise ConfigError(

@@ -25,7 +25,7 @@ from fastapi.staticfiles import StaticFiles
 
 from meltemi.levanter.dashboard._provenance import Provenance
 from meltemi.levanter.dashboard._root import DashboardError, RunsRoot
-from meltemi.levanter.dashboard._runs import LIVE_WINDOW_S, Runs
+from meltemi.levanter.dashboard._runs import LIVE_WINDOW_S, Runs, lower_thread_priority
 from meltemi.levanter.dashboard._sweeps import sweep_detail, sweep_list
 
 #: B2's front end (index.html, app.js, app.css, vendor/).
@@ -97,7 +97,12 @@ def create_app(
     """
     runs = Runs(RunsRoot(runs_dir), live_window_s=live_window_s, clock=clock)
     if index_in_background:
-        threading.Thread(target=runs.index_all, name="dashboard-index", daemon=True).start()
+
+        def index() -> None:
+            lower_thread_priority()
+            runs.index_all()
+
+        threading.Thread(target=index, name="dashboard-index", daemon=True).start()
     provenance = Provenance(runs)
     app = FastAPI(title="Meltemi dashboard", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.runs = runs

@@ -7,6 +7,12 @@ multi-threaded) when pyarrow is installed; a block it refuses (a corrupt or half
 is not a JSON object with an integer `step` is skipped and counted. A last line without its
 newline is being written: it is left for the next refresh (and counted as skipped until it
 completes).
+
+A long file is parsed in the background (`Runs.log`); until it is done, requests get a
+`preview()`: a few thousand complete lines read at evenly spaced byte offsets plus the file's
+tail, marked `partial`, so a run of a million lines opens in well under a second. Its last
+values are exact (they come from the tail); its curves are a sample (a spike between two
+samples shows only in the exact view that follows) and its line counts are estimates.
 """
 
 from __future__ import annotations
@@ -31,6 +37,14 @@ from meltemi.levanter.dashboard._root import RunsRoot
 BLOCK_BYTES = 32 << 20
 #: A block pyarrow refuses is parsed again in pieces of this size (then line by line).
 RETRY_BYTES = 256 << 10
+#: A log with more unparsed bytes than this is parsed in the background; requests meanwhile
+#: get a `preview()` (one block: parsing it takes a fraction of a second).
+PREVIEW_ABOVE_BYTES = BLOCK_BYTES
+#: The preview reads this many windows of `PREVIEW_WINDOW_BYTES` (a few lines each) at evenly
+#: spaced offsets, then the file's last `PREVIEW_TAIL_BYTES`.
+PREVIEW_WINDOWS = 2000
+PREVIEW_WINDOW_BYTES = 2048
+PREVIEW_TAIL_BYTES = 64 << 10
 
 
 class MetricsLog:
@@ -45,6 +59,9 @@ class MetricsLog:
         self.root = root
         self.path = path
         self.lock = threading.Lock()
+        #: True for a `preview()`: a sample of the file, not every line.
+        self.partial = False
+        self._preview: tuple[int, MetricsLog] | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -101,6 +118,50 @@ class MetricsLog:
                 self.offset += cut
                 self.partial_tail = False
             return self.lines > before
+
+    def pending_bytes(self) -> int:
+        """Bytes of the file not parsed yet (0 if it is gone)."""
+        stat = self.root.stat(self.path)
+        return max(0, stat.size - self.offset) if stat is not None else 0
+
+    def preview(self) -> MetricsLog:
+        """A `partial` log of sampled lines and the file's tail (see the module docstring).
+
+        Cached for the file's current size. Never waits for a parse in progress.
+        """
+        stat = self.root.stat(self.path)
+        size = stat.size if stat is not None else 0
+        cached = self._preview
+        if cached is not None and cached[0] == size:
+            return cached[1]
+        out = MetricsLog(self.root, self.path)
+        out.partial = True
+        tail_start = max(0, size - PREVIEW_TAIL_BYTES)
+        stride = tail_start / PREVIEW_WINDOWS
+        ranges = []
+        if stride > PREVIEW_WINDOW_BYTES:  # else the file is small: read it whole
+            for k in range(PREVIEW_WINDOWS):
+                start = int(k * stride)
+                ranges.append((start, start + PREVIEW_WINDOW_BYTES))
+        else:
+            tail_start = 0
+        ranges.append((tail_start, size))
+        lines, sampled_bytes = [], 0
+        for (start, _), data in zip(ranges, self.root.read_ranges(self.path, ranges), strict=True):
+            first = 0 if start == 0 else data.find(b"\n") + 1  # a window starts mid-line
+            last = data.rfind(b"\n") + 1  # ...and ends mid-line (the tail: a half-written one)
+            if 0 < first < last or (first == 0 and last):
+                lines.append(data[first:last])
+                sampled_bytes += last - first
+        block = b"".join(lines)
+        if block:
+            out._parse(block)
+        if sampled_bytes:  # estimates: the sample's rate over the whole file
+            scale = size / sampled_bytes
+            out.lines, out.corrupt = round(out.lines * scale), round(out.corrupt * scale)
+        out.offset = size
+        self._preview = (size, out)
+        return out
 
     def _same_head(self) -> bool:
         return self.root.read_bytes(self.path, 0, len(self._head)) == self._head

@@ -125,6 +125,18 @@ class RunsRoot:
                 return f.read() if end is None else f.read(max(0, end - start))
         return self.fs.cat_file(full, start=start, end=end)
 
+    def read_ranges(self, full: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """Bytes `start:end` for each range, in one open (local) or one batch (`cat_ranges`)."""
+        if self.local:
+            out = []
+            with open(full, "rb") as f:
+                for start, end in ranges:
+                    f.seek(start)
+                    out.append(f.read(max(0, end - start)))
+            return out
+        starts, ends = [r[0] for r in ranges], [r[1] for r in ranges]
+        return list(self.fs.cat_ranges([full] * len(ranges), starts, ends))
+
     def read_text(self, full: str) -> str | None:
         """A whole small file as text, None if it does not exist."""
         try:

@@ -8,6 +8,8 @@ written. A run's `metrics.jsonl` is parsed once and then only its new lines (`Me
 from __future__ import annotations
 
 import json
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -15,7 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from meltemi.levanter.dashboard._metrics import MetricsLog, downsample, json_values
+from meltemi.levanter.dashboard._metrics import (
+    PREVIEW_ABOVE_BYTES,
+    MetricsLog,
+    downsample,
+    json_values,
+)
 from meltemi.levanter.dashboard._root import DashboardError, NotFoundError, RunsRoot
 from meltemi.levanter.optim import skip_reasons
 
@@ -23,10 +30,23 @@ METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
 STATUS_FILE = "status.json"  # the multislice launcher's (meltemi.levanter.status)
 SWEEP_FILE = "isoflop.json"
+#: The nice value of a background parse's thread (Linux: a thread has its own).
+BACKGROUND_NICE = 10
 #: How long a run without status.json counts as running after metrics.jsonl last changed.
 LIVE_WINDOW_S = 120.0
 #: How long a scan of the folder is reused (the runs list is polled).
 SCAN_TTL_S = 2.0
+
+
+def lower_thread_priority() -> None:
+    """Puts the calling thread below the requests' (a background parse, the start-up index),
+    so the pages keep answering while it parses. Only on Linux, where a thread id names that
+    thread (elsewhere it could name a process)."""
+    if sys.platform == "linux":
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+        except OSError:
+            pass
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -72,6 +92,7 @@ class Runs:
         self.clock = clock
         self._lock = threading.Lock()
         self._logs: dict[str, MetricsLog] = {}
+        self._parsing: set[str] = set()  # logs being parsed in a background thread
         self._json: dict[str, tuple[float, int, Any]] = {}
         self._scanned: tuple[float, list[str], list[str]] | None = None
 
@@ -120,8 +141,13 @@ class Runs:
         self._json[full] = (stat.mtime, stat.size, value)
         return value
 
-    def log(self, run_id: str) -> MetricsLog:
-        """The run's metrics, refreshed to the end of the file."""
+    def log(self, run_id: str, *, wait: bool = False) -> MetricsLog:
+        """The run's metrics, refreshed to the end of the file.
+
+        More than `PREVIEW_ABOVE_BYTES` left to parse (a long run not opened before): the
+        parse goes on in a background thread and this returns its `preview()` (`partial`)
+        at once, unless `wait`.
+        """
         self.run_path(run_id)
         with self._lock:
             log = self._logs.get(run_id)
@@ -129,8 +155,28 @@ class Runs:
                 log = self._logs[run_id] = MetricsLog(
                     self.root, self.root.path(run_id, METRICS_FILE)
                 )
+        if not wait and log.pending_bytes() > PREVIEW_ABOVE_BYTES:
+            preview = log.preview()  # first: the parse would slow it down
+            self._parse_in_background(run_id, log)
+            return preview
         log.refresh()
         return log
+
+    def _parse_in_background(self, run_id: str, log: MetricsLog) -> None:
+        with self._lock:
+            if run_id in self._parsing:
+                return
+            self._parsing.add(run_id)
+
+        def parse() -> None:
+            lower_thread_priority()
+            try:
+                log.refresh()
+            finally:
+                with self._lock:
+                    self._parsing.discard(run_id)
+
+        threading.Thread(target=parse, name=f"dashboard-parse-{run_id}", daemon=True).start()
 
     def index_all(self) -> int:
         """Parses every run's metrics, most recently updated first (the server does this in
@@ -142,7 +188,7 @@ class Runs:
             return stat.mtime if stat else 0.0
 
         for run_id in sorted(run_ids, key=updated, reverse=True):
-            self.log(run_id)
+            self.log(run_id, wait=True)
         return len(run_ids)
 
     # -- one run
@@ -154,7 +200,11 @@ class Runs:
 
     def summary(self, run_id: str, sweeps: Sequence[str] | None = None) -> dict[str, Any]:
         """The runs-list row of one run (see B_api.md, RunSummary)."""
-        log = self.log(run_id)
+        return self._summary(run_id, self.log(run_id), sweeps)
+
+    def _summary(
+        self, run_id: str, log: MetricsLog, sweeps: Sequence[str] | None = None
+    ) -> dict[str, Any]:
         saved = self.config(run_id)
         config = saved.get("config") or {}
         trainer = config.get("trainer") or {}
@@ -190,6 +240,7 @@ class Runs:
             "start_time": config_stat.mtime if config_stat else None,
             "updated": updated,
             "skipped_lines": log.skipped,
+            "partial": log.partial,
             "sweep": sweep,
             "elastic": status is not None,
         }
@@ -220,10 +271,11 @@ class Runs:
         saved = self.config(run_id)
         config = saved.get("config") or {}
         slices = self.slices(run_id)
+        summary = self._summary(run_id, log)
         mixture, stages = self._mixture(log, config)
         return {
             "id": run_id,
-            "summary": self.summary(run_id),
+            "summary": summary,
             "status": self.read_json(run_id, STATUS_FILE),
             "config": flatten(config),
             "provenance": dict(saved.get("provenance") or {}),
@@ -240,6 +292,7 @@ class Runs:
             "metric_keys": log.keys,
             "lines": log.lines,
             "skipped_lines": log.skipped,
+            "partial": log.partial,
         }
 
     def checkpoints(self, run_id: str) -> list[dict[str, Any]]:
@@ -359,7 +412,7 @@ class Runs:
                     "restarts": s.get("restarts", 0),
                     "peak_memory_bytes": int(mb * 2**20) if isinstance(mb, (int, float)) else None,
                     "peak_rss_mb": mb,
-                    "step": status.get("step"),
+                    "step": s.get("step", status.get("step")),  # older files: the job's
                     "started_at": s.get("started_at"),
                     "ended_at": s.get("ended_at"),
                     "duration_s": s.get("duration_s"),
@@ -419,6 +472,7 @@ class Runs:
             "lines": log.lines,
             "skipped_lines": log.skipped,
             "downsampled": downsampled,
+            "partial": log.partial,
         }
 
     # -- several runs

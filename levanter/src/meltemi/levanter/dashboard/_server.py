@@ -4,15 +4,13 @@ server in a background thread (beside a training run, in tests)."""
 from __future__ import annotations
 
 import os
-import socket
-import threading
-import time
 from typing import Any
-
-import uvicorn
 
 from meltemi.levanter.dashboard._app import create_app
 from meltemi.levanter.dashboard._root import DashboardError
+
+# The module, not the package: `meltemi.models.serve` imports the engine and sse-starlette.
+from meltemi.models.serve._background import BackgroundServer, free_port
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 #: The token can come from the environment (a flag shows in `ps`).
@@ -45,21 +43,17 @@ def check_bind(host: str, token: str | None) -> None:
         )
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def url_of(host: str, port: int) -> str:
     """The address to open (loopback spelled `127.0.0.1`; a token is not included)."""
     shown = "127.0.0.1" if host in ("0.0.0.0", "localhost") else host
     return f"http://{shown}:{port}/"
 
 
-class DashboardServer:
+class DashboardServer(BackgroundServer):
     """The dashboard served by uvicorn in a daemon thread: `with DashboardServer(dir) as url:`.
+
+    A `BackgroundServer` that checks the bind rule first and logs no requests (a request line
+    can carry `?token=`).
 
     Args:
         runs_dir: the folder of run directories.
@@ -79,43 +73,15 @@ class DashboardServer:
         **app_options: Any,
     ):
         check_bind(host, token)
-        self.host = host
-        self.port = port or free_port("127.0.0.1" if host in LOOPBACK else host)
         self.app = create_app(runs_dir, token=token, **app_options)
-        # No access log: a request line can carry ?token=. No log config either: the host
-        # process (a trainer, a test) owns logging.
-        config = uvicorn.Config(
+        # No log config either: the host process (a trainer, a test) owns logging.
+        super().__init__(
             self.app,
             host=host,
-            port=self.port,
-            log_level="warning",
-            access_log=False,
-            log_config=None,
+            port=port or free_port("127.0.0.1" if host in LOOPBACK else host),
+            uvicorn_options={"access_log": False, "log_config": None},
         )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name="dashboard", daemon=True)
 
     @property
     def url(self) -> str:
         return url_of(self.host, self.port)
-
-    def start(self, timeout_s: float = 60.0) -> str:
-        """Starts serving; returns the URL once uvicorn listens."""
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the dashboard did not start on {self.url}")
-            time.sleep(0.01)
-        return self.url
-
-    def stop(self) -> None:
-        """Asks uvicorn to exit and waits for it."""
-        self._server.should_exit = True
-        self._thread.join(30)
-
-    def __enter__(self) -> str:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -5,6 +5,12 @@ shuffled once by `split_seed`; the last `test_fraction` of them is the held-out 
 prompt is `"12+7="`, the answer `"19"` (`"3-9="` -> `"-6"`); a response earns 1.0 when its
 first line, stripped, is exactly the answer.
 
+With `carries=False` only the problems that need no carry (each column's digits of an addition
+sum to at most 9) or borrow (each digit of `a` is at least `b`'s, so `a >= b`) are kept, and
+multiplication is refused. Multi-digit problems of that kind are solved column by column from
+the same single-digit facts, so a model that learns the columns solves held-out problems too:
+the split holds out new numbers, not new facts.
+
 >>> env = ArithmeticEnv(max_operand=9, ops="+")
 >>> env.size("train"), env.size("test")
 (90, 10)
@@ -24,6 +30,16 @@ __all__ = ["ArithmeticEnv"]
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 
+def _carry_free(a: int, op: str, b: int) -> bool:
+    """No column of `a op b` carries (+) or borrows (-)."""
+    while a or b:
+        da, db = a % 10, b % 10
+        if (op == "+" and da + db > 9) or (op == "-" and da < db):
+            return False
+        a, b = a // 10, b // 10
+    return True
+
+
 class ArithmeticEnv(Environment):
     """Exact-match arithmetic over small operands, with a held-out split."""
 
@@ -34,6 +50,7 @@ class ArithmeticEnv(Environment):
         ops: str = "+-",
         test_fraction: float = 0.1,
         split_seed: int = 0,
+        carries: bool = True,
         name: str = "arithmetic",
     ) -> None:
         if max_operand < 1:
@@ -43,11 +60,20 @@ class ArithmeticEnv(Environment):
             raise ValueError(
                 f"ops={ops!r}: {bad[0]!r} is not one of {''.join(_OPS)}; e.g. ops='+-'"
             )
+        if not carries and "*" in ops:
+            raise ValueError(
+                f"ops={ops!r} with carries=False: '*' has no carry-free form; use ops='+-'"
+            )
         self.name = name
         self.max_operand = max_operand
         self.ops = ops
+        self.carries = carries
         self._problems = [
-            (a, op, b) for op in ops for a in range(max_operand + 1) for b in range(max_operand + 1)
+            (a, op, b)
+            for op in ops
+            for a in range(max_operand + 1)
+            for b in range(max_operand + 1)
+            if carries or _carry_free(a, op, b)
         ]
         self._splits = split_indices(len(self._problems), test_fraction, split_seed)
 

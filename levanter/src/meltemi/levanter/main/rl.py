@@ -6,7 +6,8 @@ r"""The RL binary: GRPO / RLOO / on-policy distillation with fray rollout worker
 
 The config is a trainer config plus an `rl` section (`meltemi.levanter.config.rl_section`).
 Exit statuses are the trainer's: 0 done, 2 a mistake in the flags or the config (one
-`error:` line), 74 an I/O failure, 1 a bug (a traceback). Running the same command again
+`error:` line), 74 an I/O failure, 75 stopped by SIGTERM after saving a checkpoint (run it
+again), 1 a bug (a traceback). Running the same command again
 resumes from the newest checkpoint with the same prompt order.
 """
 
@@ -21,6 +22,7 @@ from ml_collections import config_flags
 from meltemi.levanter.config import resolve, resolve_run_dir, rl_spec
 from meltemi.levanter.main import _flags
 from meltemi.levanter.rl import RLTrainer, rl_dry_run
+from meltemi.levanter.trainer import PREEMPTED_EXIT_CODE
 
 _RESOLVED: dict = {}
 
@@ -65,7 +67,7 @@ def main(argv: Sequence[str]) -> int:
             raise
         return status
     print(result.summary(), flush=True)
-    return 0
+    return PREEMPTED_EXIT_CODE if result.run.preempted else 0
 
 
 def run() -> None:

@@ -225,6 +225,8 @@ class _ElasticJob:
                 self.status.reason = reason
             self.status.step = _last_step(self.metrics)
             for s in self.slices:
+                if s.state == "running":  # in the gang: at the job's step (a lost one keeps its)
+                    s.step = self.status.step
                 if s.state in ("running", "rejoining"):
                     peak = _vm_hwm_mb(s.pid)
                     if peak is not None:

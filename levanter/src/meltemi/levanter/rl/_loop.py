@@ -14,7 +14,9 @@ One step (version `v` = steps done):
    and a checkpoint (train state + cursor) is saved when due.
 
 A resumed run restores the state and the cursor, so it trains the same prompts in the same
-order; the rollouts in flight when the trainer died are simply sampled again.
+order; the rollouts in flight when the trainer died are simply sampled again. SIGTERM (a
+preemption notice) stops the run after the step in progress with a checkpoint of it
+(`RunResult.preempted`; the binary exits 75), as the trainer does.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from meltemi.levanter.rl._pool import RolloutPool
 from meltemi.levanter.rl._rollout import Group, WorkerSpec, weight_payload
 from meltemi.levanter.trainer import (
     MetricsSink,
+    Preemption,
     RunResult,
     init_state,
     make_warm_start,
@@ -83,7 +86,8 @@ class RLResult:
     def summary(self) -> str:
         """The end-of-run text: steps, held-out evaluations, staleness, where things are."""
         run = self.run
-        lines = [f"run finished: step {run.step} ({run.step - run.start_step} steps this run)"]
+        state = "stopped by SIGTERM (run it again to resume)" if run.preempted else "finished"
+        lines = [f"run {state}: step {run.step} ({run.step - run.start_step} steps this run)"]
         for step, ev in sorted(self.evals.items()):
             values = ", ".join(f"{k} {v:.4f}" for k, v in ev.items())
             lines.append(f"  eval at step {step}: {values}")
@@ -97,7 +101,7 @@ def make_env(rl: RLSpec) -> Environment:
     """The environment `rl.env` names."""
     if rl.env == "math":
         return MathEnv.from_jsonl(rl.problems)
-    return ArithmeticEnv(max_operand=rl.max_operand, ops=rl.ops)
+    return ArithmeticEnv(max_operand=rl.max_operand, ops=rl.ops, carries=rl.carries)
 
 
 def make_cluster(rl: RLSpec) -> Any:
@@ -268,58 +272,75 @@ class RLTrainer:
         return result
 
     def _loop(self, state, start, pool, step_fn, ref, teacher, ckpt, sink, result) -> None:
-        spec, rl = self.spec, self.rl
-        p, steps = rl.prompts_per_step, spec.trainer.num_train_steps
-        chunk = math.ceil(p / rl.num_workers)
-        self._buffer = buffer = RolloutBuffer((rl.steps_ahead + 1) * p, rl.max_staleness)
-        cursor = int(state["cursor"])
-        self._requested = cursor
+        rl = self.rl
+        self._buffer = RolloutBuffer((rl.steps_ahead + 1) * rl.prompts_per_step, rl.max_staleness)
+        self._requested = int(state["cursor"])
         self._evals: dict[int, Group] = {}
         self._evaluate(pool, start, state, teacher, sink, result)
-        for step in range(start, steps):
-            t0 = time.perf_counter()
-            limit = cursor + (rl.steps_ahead + 1) * p
-            while self._requested < limit:
-                count = min(chunk, limit - self._requested)
-                pool.request(
-                    [(i, self.prompts[i]) for i in range(self._requested, self._requested + count)]
-                )
-                self._requested += count
-            while any(i not in buffer for i in range(cursor, cursor + p)):
-                for group in pool.poll(timeout=1.0):
-                    buffer.put(group)
-            wait_s = time.perf_counter() - t0
-            taken = buffer.take(range(cursor, cursor + p), step)
-            batch = step_batch(taken.groups, taken.staleness, prompts=p,
-                               n=rl.samples_per_prompt, length=spec.data.seq_len)  # fmt: skip
-            t1 = time.perf_counter()
-            arrays = {k: jnp.asarray(v) for k, v in batch.as_dict().items() if k != "present"}
-            train, metrics = step_fn(state["train"], arrays, ref, teacher)
-            metrics = jax.device_get(metrics)
-            train_s = time.perf_counter() - t1
-            cursor += p
-            state = {"train": train, "cursor": jnp.asarray(cursor, jnp.int32)}
-            payload = weight_payload(train.params, adapters_only=spec.lora.enabled)
-            send_s, sent = pool.sync(payload, step + 1)
-            record = self._record(step + 1, batch, taken, metrics, wait_s, train_s, send_s, sent,
-                                  pool)  # fmt: skip
-            result.trained[step + 1] = [g.index for g in taken.groups]
-            last = step + 1 == steps
-            every = rl.eval_every_steps
-            if last or (every and (step + 1) % every == 0):
-                self._evaluate(pool, step + 1, state, teacher, sink, result)
-                for k, v in result.evals.get(step + 1, {}).items():
-                    record[f"eval/{self.env.name}/{k}"] = v
-            sink.write(record)
-            result.run.step = step + 1
-            if self.on_step is not None:
-                self.on_step(step + 1, pool)
-            kind = "permanent" if last else (ckpt.due(step + 1) if ckpt else None)
-            if ckpt is not None and kind is not None:
-                ckpt.save(step + 1, state, config_json=spec.to_json(), kind=kind)
-                result.run.checkpoint_saved = True
+        with Preemption() as preemption:  # SIGTERM: a flag read after each step
+            for step in range(start, self.spec.trainer.num_train_steps):
+                state, stop = self._step(step, state, pool, step_fn, ref, teacher, ckpt, sink,
+                                         result, preemption)  # fmt: skip
+                if stop:
+                    break
         if ckpt is not None:
             ckpt.wait()
+
+    def _step(self, step, state, pool, step_fn, ref, teacher, ckpt, sink, result,
+              preemption) -> tuple[dict, bool]:  # fmt: skip
+        """One RL step (module docstring): the new state, and whether SIGTERM stops the run."""
+        spec, rl = self.spec, self.rl
+        p, steps, buffer = rl.prompts_per_step, spec.trainer.num_train_steps, self._buffer
+        chunk = math.ceil(p / rl.num_workers)
+        cursor = int(state["cursor"])
+        t0 = time.perf_counter()
+        limit = cursor + (rl.steps_ahead + 1) * p
+        while self._requested < limit:
+            count = min(chunk, limit - self._requested)
+            pool.request(
+                [(i, self.prompts[i]) for i in range(self._requested, self._requested + count)]
+            )
+            self._requested += count
+        while any(i not in buffer for i in range(cursor, cursor + p)):
+            for group in pool.poll(timeout=1.0):
+                buffer.put(group)
+        wait_s = time.perf_counter() - t0
+        taken = buffer.take(range(cursor, cursor + p), step)
+        batch = step_batch(taken.groups, taken.staleness, prompts=p,
+                           n=rl.samples_per_prompt, length=spec.data.seq_len)  # fmt: skip
+        t1 = time.perf_counter()
+        arrays = {k: jnp.asarray(v) for k, v in batch.as_dict().items() if k != "present"}
+        train, metrics = step_fn(state["train"], arrays, ref, teacher)
+        metrics = jax.device_get(metrics)
+        train_s = time.perf_counter() - t1
+        cursor += p
+        state = {"train": train, "cursor": jnp.asarray(cursor, jnp.int32)}
+        payload = weight_payload(train.params, adapters_only=spec.lora.enabled)
+        send_s, sent = pool.sync(payload, step + 1)
+        record = self._record(step + 1, batch, taken, metrics, wait_s, train_s, send_s, sent,
+                              pool)  # fmt: skip
+        result.trained[step + 1] = [g.index for g in taken.groups]
+        last = step + 1 == steps
+        every = rl.eval_every_steps
+        if last or (every and (step + 1) % every == 0):
+            self._evaluate(pool, step + 1, state, teacher, sink, result)
+            for k, v in result.evals.get(step + 1, {}).items():
+                record[f"eval/{self.env.name}/{k}"] = v
+        sink.write(record)
+        result.run.step = step + 1
+        if self.on_step is not None:
+            self.on_step(step + 1, pool)
+        stop = preemption.requested and not last
+        kind = "permanent" if last else (ckpt.due(step + 1) if ckpt else None)
+        if stop:
+            kind = kind or "temporary"
+            result.run.preempted = True
+            saved = "checkpoint saved" if ckpt is not None else "no checkpoint (disabled)"
+            sink.say(f"step {step + 1}: SIGTERM: {saved}, stopping (exit 75)")
+        if ckpt is not None and kind is not None:
+            ckpt.save(step + 1, state, config_json=spec.to_json(), kind=kind)
+            result.run.checkpoint_saved = True
+        return state, stop
 
     def _record(self, step, batch: StepBatch, taken, metrics, wait_s, train_s, send_s, sent,
                 pool) -> dict:  # fmt: skip

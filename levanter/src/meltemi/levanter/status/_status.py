@@ -34,6 +34,7 @@ class SliceStatus:
     started_at: float | None = None  # wall time of its current process
     ended_at: float | None = None
     peak_rss_mb: float | None = None
+    step: int = 0  # its current step: the job's while in the gang, its last when it left
     reason: str = ""
     standby_pid: int | None = None  # its warm spare process, if one is ready
 

@@ -61,10 +61,12 @@ def packed(spec: RunSpec, store: md.TokenStore, key: str = "data.packing") -> md
 
 
 def chat_line(name: str, dataset: md.PackedDataset) -> str:
-    """One line on a chat set's packing: conversations longer than a row and the padding."""
+    """One line on a chat set's packing: conversations (or preference pairs) longer than a
+    row and the padding."""
     counts = dataset.overlong
+    what = "preference pairs" if dataset.store.is_preference else "conversations"
     return (
-        f"data: {name}: {dataset.store.num_documents:,} conversations in "
+        f"data: {name}: {dataset.store.num_documents:,} {what} in "
         f"{dataset.num_sequences:,} rows per epoch; longer than data.seq_len="
         f"{dataset.seq_len}: {counts['dropped']:,} dropped, {counts['truncated']:,} truncated "
         f"at a turn end (data.overlong={dataset.overlong_policy!r}); "

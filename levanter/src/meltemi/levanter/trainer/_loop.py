@@ -96,6 +96,11 @@ class MetricsSink:
         """One line in the progress bar's log."""
         self.bar.write(line)
 
+    def log(self, record: Mapping[str, Any]) -> None:
+        """Writes a record that is not a step's (e.g. the evaluation before the first step)."""
+        for log in self.loggers:
+            log(record)
+
     def write(self, record: dict) -> None:
         """Writes a ready record (`StepTimer.ready`): throughput, MFU, the step's metrics."""
         elapsed = record.pop("_elapsed")

@@ -65,7 +65,9 @@ class PrecomputedReference:
     """A batch source that adds the reference's precomputed `reference_logps` to each row.
 
     Until `attach` is called the field is NaN (only the trainer's shape check reads a row
-    then), so a step can never train on a missing reference silently.
+    then), so a step can never train on a missing reference silently. `computed_rows` counts
+    the rows whose log-probs this process computed (0 when they were reopened from the cache,
+    as on a resume).
 
     Args:
         data: the training rows (a `BatchSource`).
@@ -77,6 +79,7 @@ class PrecomputedReference:
         self.values: np.ndarray | None = None
         self.hashes: np.ndarray | None = None
         self.where: pathlib.Path | None = None
+        self.computed_rows = 0
 
     def attach(self, values: np.ndarray, hashes: np.ndarray, where: pathlib.Path) -> None:
         """The reference's log-probs of rows `0..len(values)-1` and their token hashes."""
@@ -175,7 +178,10 @@ def precompute(
             tmp.replace(where)
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"meltemi reference {where}")
+        source.computed_rows += total
         logger.info("reference log-probs of %d rows written to %s", total, where)
+    else:
+        logger.info("reference log-probs of %d rows reopened from %s", total, where)
     stored = json.loads((where / "key.json").read_text())
     if stored != key:  # a hash collision of the name, or a hand-edited directory
         raise ConfigError(f"trainer.reference: {where}/key.json is {stored}, expected {key}")

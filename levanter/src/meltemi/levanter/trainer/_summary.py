@@ -21,6 +21,7 @@ class RunResult:
         checkpoint_saved: a checkpoint of `step` was written (False when checkpoints are off).
         losses: train loss of each step this process ran, `{step: loss}`.
         eval: the last evaluation, `{"<set>": {"loss": ..., "bpb": ...}}`.
+        eval_at_start: the evaluation of the starting model (`eval.at_start`), or `{}`.
         loss_png: the loss curve (None if not drawn).
         summary: the text printed at the end.
         compile_s: seconds to compile the train step (first batch size).
@@ -36,6 +37,7 @@ class RunResult:
     checkpoint_saved: bool = False
     losses: dict[int, float] = dataclasses.field(default_factory=dict)
     eval: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    eval_at_start: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     loss_png: pathlib.Path | None = None
     summary: str = ""
     compile_s: float = 0.0
@@ -64,12 +66,10 @@ def summary(spec: RunSpec, result: RunResult) -> str:
             f"  train/loss: {result.losses[steps[0]]:.4f} (step {steps[0]}) -> "
             f"{result.losses[steps[-1]]:.4f} (step {steps[-1]})"
         )
+    for name, ev in result.eval_at_start.items():
+        lines.append(f"  eval/{name} at step 0: {_eval_text(ev)}")
     for name, ev in result.eval.items():
-        if "bpb" in ev:
-            lines.append(f"  eval/{name}: loss {ev['loss']:.4f}, bits/byte {ev['bpb']:.4f}")
-        else:  # preference pairs
-            accuracy = ev.get("rewards/accuracies", float("nan"))
-            lines.append(f"  eval/{name}: loss {ev['loss']:.4f}, accuracy {accuracy:.3f}")
+        lines.append(f"  eval/{name}: {_eval_text(ev)}")
     lines.append(f"  run dir: {display_path(result.run_dir)}")
     if spec.checkpoint.enabled:
         lines.append(f"  checkpoints: {display_path(result.run_dir / 'checkpoints')}")
@@ -77,3 +77,10 @@ def summary(spec: RunSpec, result: RunResult) -> str:
     if result.loss_png:
         lines.append(f"  loss curve: {display_path(result.loss_png)}")
     return "\n".join(lines)
+
+
+def _eval_text(ev: dict[str, float]) -> str:
+    """Loss and bits per byte, or for preference pairs loss and reward accuracy."""
+    if "bpb" in ev:
+        return f"loss {ev['loss']:.4f}, bits/byte {ev['bpb']:.4f}"
+    return f"loss {ev['loss']:.4f}, accuracy {ev.get('rewards/accuracies', float('nan')):.3f}"

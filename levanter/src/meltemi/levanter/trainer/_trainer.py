@@ -24,6 +24,7 @@ from meltemi.levanter.config import (
     as_spec,
     flatten,
 )
+from meltemi.levanter.evaluation import eval_line, eval_record
 from meltemi.levanter.runtime import compute_context, display_path, global_batch, mesh_of
 from meltemi.levanter.tracking import plot_loss_curve
 from meltemi.levanter.trainer._build import build_parts
@@ -45,35 +46,57 @@ from meltemi.levanter.trainer._summary import RunResult, summary
 logger = logging.getLogger(__name__)
 
 
-_PEAK_FLOPS: dict[tuple[int, int], float] = {}
+_PEAK_FLOPS: dict[tuple[int, int | None], float] = {}
+#: The matmul sizes `measure_peak_flops` tries: on a CPU a small one that fits in cache often
+#: reaches the peak, and a large one reads low when another process takes a core for a moment.
+PEAK_SIZES = (256, 512, 1024)
+#: An accelerator needs larger matmuls to reach its peak.
+ACCELERATOR_PEAK_SIZES = (1024, 2048, 4096)
+#: Seconds of repetitions per size (at least `_MIN_REPS` each): the fastest one counts.
+PEAK_BUDGET_S = 0.15
+_MIN_REPS = 3
 
 
-def measure_peak_flops(device: jax.Device | None = None, size: int = 1024) -> float:
-    """FLOP/s of a float32 matmul on one device (the MFU denominator).
+def measure_peak_flops(device: jax.Device | None = None, size: int | None = None) -> float:
+    """FLOP/s of a float32 matmul on one device (the MFU denominator, see `peak_flops`).
 
-    Measured on the first call for a device and size in a process (a fresh jit and up to 0.5 s
-    of matmuls) and remembered: a process that trains several runs (a sweep's worker, a test)
-    measures once. The fastest of several repetitions counts, so a busy machine does not lower
-    the peak.
+    The best rate over the sizes in `PEAK_SIZES` (CPU; else `ACCELERATOR_PEAK_SIZES`) or `size`
+    alone, each the fastest of as many repetitions as fit in `PEAK_BUDGET_S`: a busy machine
+    slows some repetitions, not all, so the peak is not read low (a low peak gives an MFU over
+    100%). Measured on the first call for a device and size in a process and remembered: a
+    process that trains several runs (a sweep's worker, a test) measures once.
     """
     device = device or jax.devices()[0]
     key = (device.id, size)
     if key not in _PEAK_FLOPS:
-        _PEAK_FLOPS[key] = _time_matmul(device, size)
+        sizes = PEAK_SIZES if device.platform == "cpu" else ACCELERATOR_PEAK_SIZES
+        _PEAK_FLOPS[key] = max(_time_matmul(device, n) for n in ([size] if size else sizes))
     return _PEAK_FLOPS[key]
+
+
+def peak_flops(devices: Sequence[jax.Device]) -> float:
+    """The measured peak FLOP/s of `devices` together.
+
+    Accelerators: one device's peak times their number. CPU devices are not chips: several of
+    them in a process (`--xla_force_host_platform_device_count=N`) share the host's cores, and
+    one device's matmul already uses them all, so the peak counts once per process (processes
+    are taken to be on separate hosts: several on one machine give a lower MFU, never over 1).
+    """
+    if all(d.platform == "cpu" for d in devices):
+        return measure_peak_flops() * len({d.process_index for d in devices})
+    return measure_peak_flops() * len(devices)
 
 
 def _time_matmul(device: jax.Device, size: int) -> float:
     a = jax.device_put(jnp.ones((size, size), jnp.float32), device)
     f = jax.jit(lambda x: x @ x)
     f(a).block_until_ready()
-    best, start = float("inf"), time.perf_counter()
-    for _ in range(20):
+    best, start, reps = float("inf"), time.perf_counter(), 0
+    while reps < _MIN_REPS or time.perf_counter() - start < PEAK_BUDGET_S:
         t = time.perf_counter()
         f(a).block_until_ready()
         best = min(best, time.perf_counter() - t)
-        if time.perf_counter() - start > 0.5:
-            break
+        reps += 1
     return 2 * size**3 / best
 
 
@@ -299,12 +322,17 @@ class Trainer:
             cleanup,
             seq_len=self.parts.seq_len,
             model_flops=self._model_flops,
-            peak_flops=lambda: self._peak_flops_per_device() * self.mesh.size,
+            peak_flops=self._peak_flops,
             on_step=on_step,
         )
         for hook in hooks:  # a hook with close() (the checkpointer's) is closed at the end
             if callable(getattr(hook, "close", None)):
                 cleanup.callback(hook.close)
+        if start == 0 and spec.eval.at_start and self.evaluate.eval_sets:
+            # The baseline (for DPO, the policy's own preferences before training), step 0.
+            result.eval_at_start = self.evaluate(state)
+            sink.log({"step": 0, **eval_record(result.eval_at_start)})
+            sink.say(eval_line(0, result.eval_at_start))
         if start < end:
             self.compiled_step(self.batch_sizes.size_at(start))
         profiler = StepProfiler(spec.trainer.profile, self.files.local)
@@ -356,8 +384,11 @@ class Trainer:
         self.state = state
         return state_step
 
-    def _peak_flops_per_device(self) -> float:
-        return self.spec.trainer.peak_flops_per_device or measure_peak_flops()
+    def _peak_flops(self) -> float:
+        configured = self.spec.trainer.peak_flops_per_device
+        if configured:
+            return configured * self.mesh.size
+        return peak_flops(list(self.mesh.devices.flat))
 
     def _export_step(self, step: int, state: TrainState) -> None:
         """`checkpoint.export_hf`: the Hugging Face export beside each checkpoint."""

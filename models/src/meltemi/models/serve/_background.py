@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -23,17 +24,20 @@ class BackgroundServer:
         host: the address to bind (loopback by default).
         port: the port (default: a free one).
         startup_timeout_s: how long `start` waits for uvicorn to listen.
+        uvicorn_options: more `uvicorn.Config` options (e.g. `access_log=False`), over the
+            default `log_level="warning"`.
     """
 
     def __init__(
         self, app: Any, *, host: str = "127.0.0.1", port: int | None = None,
-        startup_timeout_s: float = 60.0,
+        startup_timeout_s: float = 60.0, uvicorn_options: Mapping[str, Any] | None = None,
     ):  # fmt: skip
         import uvicorn
 
         self.host = host
         self.port = port or free_port(host)
-        config = uvicorn.Config(app, host=host, port=self.port, log_level="warning")
+        options = {"log_level": "warning", **(uvicorn_options or {})}
+        config = uvicorn.Config(app, host=host, port=self.port, **options)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="uvicorn", daemon=True)
         self._timeout = startup_timeout_s

@@ -96,7 +96,9 @@ export async function runPage(view, { id }) {
   const etaCard = card("ETA", s.state === "running" ? fmtDuration(s.eta_s) : "—", "eta");
   const stateBox = el("span", {}, badge(s.state));
 
-  const linesNote = el("span", { class: "muted", "data-testid": "lines" }, `${fmtInt(metrics.lines)} lines`);
+  const partial = detail.partial || metrics.partial;
+  const linesNote = el("span", { class: "muted", "data-testid": "lines" },
+    partial ? `≈${fmtInt(metrics.lines)} lines (sampled preview: exact curves loading…)` : `${fmtInt(metrics.lines)} lines`);
   const logX = el("input", { type: "checkbox", "data-testid": "logx", checked: view_opts.logX });
   const slider = el("input", { type: "range", min: 0, max: 0.99, step: 0.01, value: view_opts.smoothing, "data-testid": "smoothing" });
   const sliderVal = el("span", { class: "mono" }, view_opts.smoothing.toFixed(2));
@@ -147,6 +149,21 @@ export async function runPage(view, { id }) {
   const redraw = () => charts.forEach(({ d, c }) => c.update({ series: seriesFor(d), logX: view_opts.logX, smoothing: smoothingFor(d) }));
   logX.addEventListener("change", () => { view_opts.logX = logX.checked; redraw(); });
   slider.addEventListener("input", () => { view_opts.smoothing = Number(slider.value); sliderVal.textContent = view_opts.smoothing.toFixed(2); redraw(); });
+
+  // --- a long run opened before the server parsed it: a sample now, the exact page when parsed ---
+  if (partial) {
+    let stopped = false, timer = null, inner = null;
+    const poll = async () => {
+      if (stopped) return;
+      try {
+        const m = await api(`/api/runs/${q(id)}/metrics`, { keys: "step", max_points: 10 });
+        if (!m.partial && !stopped) { inner = await runPage(view, { id }); if (stopped) inner(); return; }
+      } catch { /* the next tick retries */ }
+      if (!stopped) timer = setTimeout(poll, 1000);
+    };
+    timer = setTimeout(poll, 1000);
+    return () => { stopped = true; clearTimeout(timer); if (inner) inner(); };
+  }
 
   // --- live updates: append new steps from the event stream ---
   if (s.state !== "running" && s.state !== "degraded") return () => {};
