@@ -126,6 +126,15 @@ def test_rl_carries_false_gives_the_carry_free_environment():
     assert (env.size("train"), env.size("test")) == (2723, 302)
 
 
+def test_rl_max_turns_makes_the_arithmetic_environment_multi_turn():
+    """`rl.max_turns=3`: the environment answers a wrong turn twice (the rollout side of
+    multi-turn episodes is tests/test_rl_rollout.py)."""
+    env = make_env(rl_spec(_rl_config(max_turns=3)))
+    p = env.prompt("train", 0)
+    assert env.retries == 2 and env.step(p, ["x", "y"]) and env.step(p, ["x", "y", "z"]) is None
+    assert make_env(rl_spec(_rl_config())).step(p, ["x"]) is None  # the default: one turn
+
+
 def test_a_config_without_the_rl_section_is_told_how_to_add_it():
     with pytest.raises(ConfigError, match=r"config.rl = rl_section\(\)"):
         rl_spec(base_config())

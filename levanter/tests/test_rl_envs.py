@@ -244,6 +244,18 @@ def test_arithmetic_config_errors_name_the_fix():
         envs.ArithmeticEnv(test_fraction=1.5)
     with pytest.raises(ValueError, match=r"ops='\+\*' with carries=False: '\*' has no carry-free"):
         envs.ArithmeticEnv(ops="+*", carries=False)
+    with pytest.raises(ValueError, match=r"retries=-1: must be >= 0 \(0: one turn\)"):
+        envs.ArithmeticEnv(retries=-1)
+
+
+def test_arithmetic_with_retries_answers_a_wrong_turn_until_its_retries_are_spent():
+    env = envs.ArithmeticEnv(max_operand=9, ops="+", retries=2)
+    p = env.prompt("train", 0)  # 8+2= -> 10
+    assert env.step(p, ["11"]) == "\nno, try again: 8+2="
+    assert env.step(p, ["11", "12"]) == "\nno, try again: 8+2="
+    assert env.step(p, ["11", "12", "13"]) is None  # 2 retries spent: 3 turns in all
+    assert env.step(p, ["10"]) is None and env.step(p, ["11", "10"]) is None  # right: done
+    assert envs.ArithmeticEnv(max_operand=9, ops="+").step(p, ["11"]) is None  # one turn
 
 
 # --- math-verify ------------------------------------------------------------------------------

@@ -107,3 +107,56 @@ def test_a_payload_for_another_model_is_refused(full_worker):
     _, worker = full_worker
     with pytest.raises(ValueError, match=r"\['nope'\] are not arrays of the worker's model"):
         worker.set_weights({"nope": np.zeros(3)}, version=5)
+
+
+# -- multi-turn episodes -------------------------------------------------------------------------
+
+RETRY_ENV = ArithmeticEnv(max_operand=5, retries=1)
+LONG = 48  # prompt, a first answer, the environment's "no, try again: 3+1=" and a second one
+
+
+def test_a_multi_turn_episode_continues_after_the_environments_message():
+    """`max_turns=2` with an environment that answers a wrong first turn: the policy samples a
+    second turn after the message; the message's tokens are in the response but not trained
+    (log-prob 0, mask 0), the second turn's log-probs are the policy's with the message in
+    context, and the reward scores the last turn."""
+    config = CONFIG.replace(max_seq_len=LONG)
+    model = mm.Transformer.init(config, key=jax.random.key(0))
+    model = jax.tree.map(lambda x: x * 8 if x.ndim == 2 else x, model)
+    engine = EngineConfig(kv_bytes=1 << 20, page_size=8, max_seqs=12, max_seq_len=LONG)
+    spec = WorkerSpec(model=config, lora=None, engine=engine, tokenizer="byte", env=RETRY_ENV,
+                      samples=2, max_tokens=5, seed=3, max_turns=2)  # fmt: skip
+    worker = RolloutWorker(spec, weight_payload(model, adapters_only=False), version=0)
+    prompts = [(i, RETRY_ENV.prompt("train", i)) for i in range(3)]
+    groups = worker.generate(prompts, version=0)
+
+    retried = 0
+    for g in groups:
+        for s, (resp, lps) in enumerate(zip(g.responses, g.logprobs, strict=True)):
+            flags = g.trained[s] if g.trained else (1,) * len(resp)
+            first = list(resp[: flags.index(0)]) if 0 in flags else list(resp)
+            text = bytes(t for t in first if t < 256).decode(errors="replace")
+            if RETRY_ENV.reward(g.prompt, text):
+                assert 0 not in flags  # a right first answer ends the episode
+                continue
+            retried += 1
+            message = list((RETRY_ENV.step(g.prompt, [text]) or "").encode())
+            at = flags.index(0)
+            assert list(resp[at : at + len(message)]) == message
+            assert flags[at : at + len(message)] == (0,) * len(message)
+            assert all(lp == 0.0 for lp in lps[at : at + len(message)])
+            second = resp[at + len(message) :]
+            assert second and all(f == 1 for f in flags[at + len(message) :])
+            last = bytes(t for t in second if t < 256).decode(errors="replace")
+            assert g.rewards[s] == RETRY_ENV.reward(g.prompt, last)
+    assert retried >= 3  # random weights: most first answers are wrong
+
+    batch = step_batch(groups, [0] * 3, prompts=3, n=2, length=LONG)
+    logps = np.asarray(sampled_logps(model(batch.tokens).array, batch.tokens))
+    on = batch.mask > 0
+    np.testing.assert_allclose(batch.behaviour[on], logps[on], atol=1e-4)
+    for g_i, g in enumerate(groups):  # the mask is the trained flags, after the prompt
+        p = len(g.prompt_ids)
+        for s, flags in enumerate(g.trained or ()):
+            row = batch.mask[g_i * 2 + s, p - 1 : p - 1 + len(flags)]
+            np.testing.assert_array_equal(row, np.asarray(flags, np.float32))

@@ -98,8 +98,12 @@ def _weights_out_first(model: Transformer) -> Transformer:
 
     A decoding step multiplies a few rows by every weight; XLA:CPU reads the weights near
     their bandwidth bound only in the order `_WeightFirstDot` uses (the contracted `In`
-    innermost). Linear contracts by axis name, so only the memory order changes.
+    innermost). Linear contracts by axis name, so only the memory order changes. Only on the
+    CPU: GPU and TPU matmul libraries pick their own order, and the barrier would only stop
+    XLA from fusing around the product there.
     """
+    if jax.default_backend() != "cpu":
+        return model
 
     def fix(layer):
         if not isinstance(layer, hnn.Linear):

@@ -51,6 +51,14 @@ class RLSpec:
         AtLeast(1, example=4),
     )
     max_tokens: int = key(8, "Tokens sampled per response at most.", AtLeast(1, example=8))
+    max_turns: int = key(
+        1,
+        "The policy's turns per episode at most: after each turn but the last the "
+        "environment may answer (arithmetic: 'no, try again' after a wrong answer) and the "
+        "policy continues after its message; only the policy's tokens are trained, and the "
+        "reward scores the last turn.",
+        AtLeast(1, example=2),
+    )
     temperature: float = key(
         1.0,
         "Sampling temperature of the rollouts (1.0: the engine's log-probs are the "

@@ -11,6 +11,10 @@ multiplication is refused. Multi-digit problems of that kind are solved column b
 the same single-digit facts, so a model that learns the columns solves held-out problems too:
 the split holds out new numbers, not new facts.
 
+With `retries=k` the environment is multi-turn: after a wrong answer it replies
+`"\nno, try again: 12+7="` (at most k times) and the policy answers again; the reward scores
+the last answer.
+
 >>> env = ArithmeticEnv(max_operand=9, ops="+")
 >>> env.size("train"), env.size("test")
 (90, 10)
@@ -22,12 +26,15 @@ the split holds out new numbers, not new facts.
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 
 from meltemi.levanter.envs._base import Environment, Prompt, split_indices
 
 __all__ = ["ArithmeticEnv"]
 
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+#: What the environment says after a wrong answer when it allows retries (then the problem).
+RETRY = "\nno, try again: "
 
 
 def _carry_free(a: int, op: str, b: int) -> bool:
@@ -51,6 +58,7 @@ class ArithmeticEnv(Environment):
         test_fraction: float = 0.1,
         split_seed: int = 0,
         carries: bool = True,
+        retries: int = 0,
         name: str = "arithmetic",
     ) -> None:
         if max_operand < 1:
@@ -60,6 +68,8 @@ class ArithmeticEnv(Environment):
             raise ValueError(
                 f"ops={ops!r}: {bad[0]!r} is not one of {''.join(_OPS)}; e.g. ops='+-'"
             )
+        if retries < 0:
+            raise ValueError(f"retries={retries!r}: must be >= 0 (0: one turn), e.g. retries=1")
         if not carries and "*" in ops:
             raise ValueError(
                 f"ops={ops!r} with carries=False: '*' has no carry-free form; use ops='+-'"
@@ -68,6 +78,7 @@ class ArithmeticEnv(Environment):
         self.max_operand = max_operand
         self.ops = ops
         self.carries = carries
+        self.retries = retries
         self._problems = [
             (a, op, b)
             for op in ops
@@ -94,3 +105,10 @@ class ArithmeticEnv(Environment):
     def reward(self, prompt: Prompt, response: str) -> float:
         lines = response.split("\n")
         return float(lines[0].strip() == prompt.target)
+
+    def step(self, prompt: Prompt, responses: Sequence[str]) -> str | None:
+        """Multi-turn with `retries`: after a wrong answer, `RETRY` and the problem again
+        (at most `retries` times); None after a right one."""
+        if len(responses) > self.retries or self.reward(prompt, responses[-1]):
+            return None
+        return RETRY + prompt.text

@@ -19,7 +19,8 @@ class StepBatch:
 
     Attributes:
         tokens: [B, L] prompt then response, padded with 0.
-        mask: [B, L - 1] 1.0 where position t predicts a response token (trained).
+        mask: [B, L - 1] 1.0 where position t predicts a response token the policy sampled
+            (trained); 0.0 for an environment's message in a multi-turn episode.
         behaviour: [B, L - 1] the sampling policy's log-prob of that token.
         stale: [B] 1.0 for rows of a corrected (stale) group.
         rewards: [P, n] (0 for the rows of a missing group).
@@ -76,7 +77,7 @@ def step_batch(
                 )
             tokens[r, :p] = group.prompt_ids
             tokens[r, p:total] = resp
-            mask[r, p - 1 : total - 1] = 1.0
+            mask[r, p - 1 : total - 1] = group.trained[s] if group.trained else 1.0
             behaviour[r, p - 1 : total - 1] = lps
             stale[r] = float(lag > 0)
     return StepBatch(tokens, mask, behaviour, stale, rewards, present)

@@ -101,7 +101,9 @@ def make_env(rl: RLSpec) -> Environment:
     """The environment `rl.env` names."""
     if rl.env == "math":
         return MathEnv.from_jsonl(rl.problems)
-    return ArithmeticEnv(max_operand=rl.max_operand, ops=rl.ops, carries=rl.carries)
+    return ArithmeticEnv(
+        max_operand=rl.max_operand, ops=rl.ops, carries=rl.carries, retries=rl.max_turns - 1
+    )
 
 
 def make_cluster(rl: RLSpec) -> Any:
@@ -222,7 +224,7 @@ class RLTrainer:
             model=spec.model, lora=spec.lora if spec.lora.enabled else None, engine=engine,
             tokenizer=spec.data.tokenizer, env=self.env, samples=rl.samples_per_prompt,
             max_tokens=rl.max_tokens, temperature=rl.temperature, seed=spec.trainer.seed,
-            verify_timeout_s=rl.verify_timeout_s,
+            verify_timeout_s=rl.verify_timeout_s, max_turns=rl.max_turns,
         )  # fmt: skip
 
     # -- the run -----------------------------------------------------------------------------

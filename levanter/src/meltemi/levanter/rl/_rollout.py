@@ -41,8 +41,11 @@ class Group:
         index: the prompt's position in the run's prompt order (the cursor value).
         prompt: the environment's prompt.
         prompt_ids: the prompt's tokens.
-        responses: the sampled tokens of each sample (a stop token included).
-        logprobs: per sampled token, its log-probability under the sampling weights.
+        responses: the tokens of each sample after the prompt (a stop token included): its
+            sampled tokens, and in a multi-turn episode the environment's messages between
+            the turns.
+        logprobs: per response token, its log-probability under the sampling weights (0.0
+            for an environment's token).
         rewards: the verifier's reward of each sample (0.0 for a failed verification).
         failures: per sample, None or the verifier's failure reason (`envs.FAILURES`).
         version: the weight version that sampled it.
@@ -60,6 +63,9 @@ class Group:
     version: int
     generate_s: float = 0.0
     score_s: float = 0.0
+    trained: tuple[tuple[int, ...], ...] = ()
+    """Per response token, 1 where the policy sampled it (trained) and 0 for an environment's
+    message; empty when every token was sampled (one-turn episodes)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +83,8 @@ class WorkerSpec:
         temperature: sampling temperature.
         seed: the run's seed; a prompt's samples are a function of (seed, index, weights).
         verify_timeout_s: seconds a verifier call may take before it counts as "timeout".
+        max_turns: the policy's turns per episode at most; after each turn but the last the
+            environment's `step` may answer, and the policy continues after its message.
     """
 
     model: mm.ModelConfig
@@ -89,6 +97,17 @@ class WorkerSpec:
     temperature: float = 1.0
     seed: int = 0
     verify_timeout_s: float = 10.0
+    max_turns: int = 1
+
+
+@dataclasses.dataclass
+class _Episode:
+    """One sample's turns so far: the tokens after the prompt, their log-probs and flags."""
+
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    trained: list[int] = dataclasses.field(default_factory=list)
+    texts: list[str] = dataclasses.field(default_factory=list)  # the policy's turns, decoded
 
 
 def model_template(model: mm.ModelConfig, lora: Any) -> Any:
@@ -187,41 +206,95 @@ class RolloutWorker:
         n = 1 if greedy else spec.samples
         sampling = mm.SamplingConfig() if greedy else mm.SamplingConfig(spec.temperature)
         start = time.perf_counter()
-        ids = {}
+        starts = {}
         for index, prompt in prompts:
             tokens = self._bos + [int(t) for t in self.tokenizer.encode(prompt.text)]
-            seed = (spec.seed * 1_000_003 + index) % 2**32
-            rid = self.engine.submit(
-                Request(tokens, max_tokens=spec.max_tokens, sampling=sampling, n=n, seed=seed)
-            )
-            ids[rid] = (index, prompt, tokens)
-        toks = {rid: [[] for _ in range(n)] for rid in ids}
-        lps = {rid: [[] for _ in range(n)] for rid in ids}
-        while self.engine.has_work:
-            for event in self.engine.step():
-                toks[event.request_id][event.sample].append(int(event.token))
-                lps[event.request_id][event.sample].append(float(event.logprob))
-        generate_s = (time.perf_counter() - start) / max(len(ids), 1)
+            starts[index] = (prompt, tokens, [_Episode() for _ in range(n)])
+        # Turn 1: n samples of each prompt (sharing its pages); each later turn continues the
+        # episodes the environment answered, after its message.
+        pending = {(index, s): tokens for index, (_, tokens, _) in starts.items() for s in range(n)}
+        for turn in range(spec.max_turns):
+            self._sample_turn(starts, pending, sampling, n if turn == 0 else 1, turn)
+            if turn + 1 == spec.max_turns:
+                break
+            pending = self._next_turns(starts)
+            if not pending:
+                break
+        generate_s = (time.perf_counter() - start) / max(len(starts), 1)
         out = []
-        for rid, (index, prompt, tokens) in ids.items():
-            texts = [self.tokenizer.decode(np.asarray(t, np.int32)) for t in toks[rid]]
+        for index, (prompt, tokens, episodes) in starts.items():
+            texts = [e.texts[-1] for e in episodes]
             t0 = time.perf_counter()
             scores = score_many(spec.env, [prompt] * n, texts, timeout_s=spec.verify_timeout_s)
+            multi = any(0 in e.trained for e in episodes)
             out.append(
                 Group(
                     index=index,
                     prompt=prompt,
                     prompt_ids=tuple(tokens),
-                    responses=tuple(tuple(t) for t in toks[rid]),
-                    logprobs=tuple(tuple(lp) for lp in lps[rid]),
+                    responses=tuple(tuple(e.tokens) for e in episodes),
+                    logprobs=tuple(tuple(e.logprobs) for e in episodes),
                     rewards=tuple(float(s.reward) for s in scores),
                     failures=tuple(s.failure for s in scores),
                     version=self._version,
                     generate_s=generate_s,
                     score_s=time.perf_counter() - t0,
+                    trained=tuple(tuple(e.trained) for e in episodes) if multi else (),
                 )
             )
         return out
+
+    def _sample_turn(
+        self, starts: dict, pending: dict[tuple[int, int], list[int]], sampling: Any,
+        n: int, turn: int,
+    ) -> None:  # fmt: skip
+        """Samples one turn: `n` samples of each context in `pending` (n > 1 on turn 1 only,
+        where the keys are `(index, s)` for s < n and the contexts the prompts)."""
+        spec = self.spec
+        requests = {}
+        for (index, s), context in pending.items():
+            if n > 1 and s > 0:
+                continue  # turn 1: one request of n samples per prompt
+            seed = (spec.seed * 1_000_003 + index) % 2**32
+            if turn:  # a later turn of sample s: its own stream
+                seed = (seed * 1_000_033 + turn * 1_009 + s) % 2**32
+            rid = self.engine.submit(
+                Request(context, max_tokens=spec.max_tokens, sampling=sampling, n=n, seed=seed)
+            )
+            requests[rid] = (index, s)
+        new = {rid: [[] for _ in range(n)] for rid in requests}
+        while self.engine.has_work:
+            for event in self.engine.step():
+                new[event.request_id][event.sample].append((int(event.token), event.logprob))
+        for rid, (index, s) in requests.items():
+            episodes = starts[index][2]
+            for k, sampled in enumerate(new[rid]):
+                e = episodes[s + k]
+                e.tokens += [t for t, _ in sampled]
+                e.logprobs += [float(lp) for _, lp in sampled]
+                e.trained += [1] * len(sampled)
+                e.texts.append(self.tokenizer.decode(np.asarray([t for t, _ in sampled], np.int32)))
+
+    def _next_turns(self, starts: dict) -> dict[tuple[int, int], list[int]]:
+        """The environment's messages after the last turn; the contexts that continue.
+
+        An environment whose `step` raises ends that episode (its last turn is scored).
+        """
+        pending = {}
+        for index, (prompt, tokens, episodes) in starts.items():
+            for s, e in enumerate(episodes):
+                try:
+                    message = self.spec.env.step(prompt, list(e.texts))
+                except Exception:  # noqa: BLE001 - the environment's code: end the episode
+                    message = None
+                if message is None:
+                    continue
+                ids = [int(t) for t in self.tokenizer.encode(message)]
+                e.tokens += ids
+                e.logprobs += [0.0] * len(ids)
+                e.trained += [0] * len(ids)
+                pending[(index, s)] = tokens + e.tokens
+        return pending
 
 
 def arrays_of(model: Any) -> Any:
