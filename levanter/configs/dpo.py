@@ -55,15 +55,6 @@ def get_config(variant=None):
     config.trainer.beta = 0.1
     config.trainer.reference = "live"
     config.trainer.num_train_steps = 150
-    config.trainer.train_batch_size = 16
-    config.optimizer.learning_rate = 5e-4
-    config.optimizer.lr_schedule = "linear"
-    config.optimizer.warmup = 0.1
-    config.optimizer.decay = 0.5
-    config.optimizer.min_lr_ratio = 0.1
-    config.optimizer.weight_decay = 0.0
-    config.eval.every_steps = 50
-    config.eval.num_batches = 4
-    config.eval.batch_size = 16
+    config.optimizer.learning_rate = 5e-4  # the schedule and the evaluation are sft.py's
     config.checkpoint.save_every_steps = 50
     return with_variant(config, variant, VARIANTS)
