@@ -1,4 +1,4 @@
-"""Command-line parsing shared by the binaries (`train`, `isoflop`, `eval`, `harness`).
+"""Command-line parsing shared by the binaries (`train`, `rl`, `isoflop`, `eval`, `harness`).
 
 Every binary reads `--config=path/to/file.py[:variant]` the same way: the path is taken relative
 to the directory the user ran the command from (not bazel's runfiles tree), the config is loaded
@@ -27,9 +27,19 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from absl import app, flags
+from absl import logging as absl_logging
+from ml_collections import config_flags
 
 from meltemi.levanter import _exit
-from meltemi.levanter.config import ConfigError, load_config, parse_override_args, resolve_path
+from meltemi.levanter.config import (
+    ConfigError,
+    RunSpec,
+    load_config,
+    parse_override_args,
+    resolve,
+    resolve_path,
+    resolve_run_dir,
+)
 
 USAGE_EXIT_CODE = _exit.USAGE
 IO_ERROR_EXIT_CODE = _exit.IO_ERROR
@@ -157,3 +167,64 @@ def run(
     """Defines a binary's flags, parses the command line and exits with `main`'s status."""
     define_flags()
     app.run(lambda argv: sys.exit(main(argv)), flags_parser=flags_parser)
+
+
+def define_config_flags(*, what: str, dry_run_help: str, devices_help: str) -> None:
+    """The flags of the binaries that run a config file (`train`, `rl`): `--config` (`what`
+    names the file's kind), `--print_config`, `--dry_run` and its `--dry_run_devices` and
+    `--dry_run_hbm_gib`."""
+    config_flags.DEFINE_config_file(
+        "config",
+        None,
+        f"{what} file and variant: path/to/config.py[:variant]; override fields with "
+        "--config.section.key=value.",
+        lock_config=True,
+    )
+    flags.DEFINE_bool("print_config", False, "Print the resolved config with provenance; exit.")
+    flags.DEFINE_bool("dry_run", False, dry_run_help)
+    flags.DEFINE_integer("dry_run_devices", 0, devices_help)
+    flags.DEFINE_float(
+        "dry_run_hbm_gib",
+        0.0,
+        "Device memory (GiB per device) --dry_run checks the total against, e.g. 95 (TPU v5p).",
+    )
+
+
+def dry_run_hbm_gib() -> float | None:
+    """`--dry_run_hbm_gib` when given on the command line, else None (no memory check)."""
+    return flags.FLAGS.dry_run_hbm_gib if flags.FLAGS["dry_run_hbm_gib"].present else None
+
+
+def run_config(resolved, body: Callable[[RunSpec], int]) -> int:
+    """A config binary's `main` around `body(spec)`: absl logging at WARNING unless
+    `--verbosity` is given (orbax logs every file it renames at INFO; the progress bar is the
+    run's voice), `--print_config` (the config with provenance and the run directory), the
+    config resolved with every check before any data, model or mesh work, and a usage or I/O
+    error reported as one line with its exit status (a bug raises: a traceback, status 1).
+
+    Args:
+      resolved: the loaded config (`parse`'s `state["config"]`).
+      body: runs the binary on the resolved spec; returns the exit status.
+    """
+    if not flags.FLAGS["verbosity"].present:
+        absl_logging.set_verbosity(absl_logging.WARNING)
+    try:
+        if flags.FLAGS.print_config:
+            print(resolved.format())
+            config = resolved.config
+            print(f"# run_dir resolves to {resolve_run_dir(config.name, config.run_dir)}")
+            return 0
+        return body(resolve(resolved))
+    except Exception as e:  # a usage or I/O error is one line and its status; a bug raises
+        status = report(e, run_dir=_run_dir(resolved))
+        if status is None:
+            raise
+        return status
+
+
+def _run_dir(resolved) -> object:
+    """The run directory an I/O failure is reported under (None if it does not resolve)."""
+    try:
+        return resolve_run_dir(resolved.config.name, resolved.config.run_dir)
+    except ConfigError:
+        return None

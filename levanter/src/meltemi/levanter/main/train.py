@@ -25,10 +25,8 @@ import socket
 from collections.abc import Sequence
 
 from absl import flags
-from absl import logging as absl_logging
-from ml_collections import config_flags
 
-from meltemi.levanter.config import ConfigError, resolve, resolve_run_dir
+from meltemi.levanter.config import resolve_run_dir
 from meltemi.levanter.main import _flags
 from meltemi.levanter.main._hooks import training_hooks
 from meltemi.levanter.multislice import launch_multislice
@@ -39,21 +37,11 @@ _RESOLVED: dict = {}
 
 def define_flags() -> None:
     """Registers the binary's flags (called only when it runs)."""
-    config_flags.DEFINE_config_file(
-        "config",
-        None,
-        "Config file and variant: path/to/config.py[:variant]; override fields with "
-        "--config.section.key=value.",
-        lock_config=True,
-    )
-    flags.DEFINE_bool("print_config", False, "Print the resolved config with provenance; exit.")
-    flags.DEFINE_bool(
-        "dry_run",
-        False,
-        "Lower and compile the train step on a virtual mesh; print memory and FLOPs; exit.",
-    )
-    flags.DEFINE_integer(
-        "dry_run_devices", 0, "Virtual CPU devices for --dry_run (0: mesh.* decides, min 1)."
+    _flags.define_config_flags(
+        what="Config",
+        dry_run_help="Lower and compile the train step on a virtual mesh; print memory and "
+        "FLOPs; exit.",
+        devices_help="Virtual CPU devices for --dry_run (0: mesh.* decides, min 1).",
     )
     flags.DEFINE_string(
         "export_hf",
@@ -73,11 +61,6 @@ def define_flags() -> None:
         "Serve the run dashboard (//levanter:dashboard) on http://127.0.0.1:PORT/ while the run "
         "trains, over the folder holding the run directory; 0: off.",
     )
-    flags.DEFINE_float(
-        "dry_run_hbm_gib",
-        0.0,
-        "Device memory (GiB per device) --dry_run checks the total against, e.g. 95 (TPU v5p).",
-    )
 
 
 def _parse(argv: list[str]) -> list[str]:
@@ -87,46 +70,32 @@ def _parse(argv: list[str]) -> list[str]:
 def main(argv: Sequence[str]) -> int:
     """Runs the binary; returns its exit status (the module docstring's table)."""
     del argv
+    return _flags.run_config(_RESOLVED["config"], _train)
+
+
+def _train(spec) -> int:
     FLAGS = flags.FLAGS  # noqa: N806
-    if not FLAGS["verbosity"].present:
-        # orbax logs every file it renames at INFO; the progress bar is the run's voice.
-        absl_logging.set_verbosity(absl_logging.WARNING)
-    resolved = _RESOLVED["config"]
-    try:
-        if FLAGS.print_config:
-            print(resolved.format())
-            config = resolved.config
-            print(f"# run_dir resolves to {resolve_run_dir(config.name, config.run_dir)}")
-            return 0
-        spec = resolve(resolved)  # every check, before any data, model or mesh work
-        if FLAGS.dry_run:
-            report = dry_run(
-                spec,
-                num_devices=FLAGS.dry_run_devices or None,
-                hbm_gib=FLAGS.dry_run_hbm_gib if FLAGS["dry_run_hbm_gib"].present else None,
-            )
-            print(report.format())
-            return 0
-        if FLAGS.dashboard_port and "MELTEMI_SLICE_INDEX" not in os.environ:
-            _start_dashboard(spec.run_dir, FLAGS.dashboard_port)
-        if spec.mesh.num_slices > 1 and "MELTEMI_SLICE_INDEX" not in os.environ:
-            # A slice's error: one line and its status too. Each slice builds its own hooks.
-            return launch_multislice(spec, hooks=training_hooks)
-        trainer = Trainer(spec, hooks=training_hooks(spec))
-        result = trainer.run()
-        if FLAGS.export_hf and not result.preempted:
-            directory = resolve_run_dir("", FLAGS.export_hf)  # relative to the user's cwd
-            trainer.export_hf(directory)
-            result.summary += f"\n  Hugging Face export: {display_path(directory)}"
-        if FLAGS.export_peft and not result.preempted:
-            directory = resolve_run_dir("", FLAGS.export_peft)
-            trainer.export_peft(directory)
-            result.summary += f"\n  PEFT adapter export: {display_path(directory)}"
-    except Exception as e:  # a usage or I/O error is one line and its status; a bug raises
-        status = _flags.report(e, run_dir=_run_dir(resolved))
-        if status is None:
-            raise
-        return status
+    if FLAGS.dry_run:
+        report = dry_run(
+            spec, num_devices=FLAGS.dry_run_devices or None, hbm_gib=_flags.dry_run_hbm_gib()
+        )
+        print(report.format())
+        return 0
+    if FLAGS.dashboard_port and "MELTEMI_SLICE_INDEX" not in os.environ:
+        _start_dashboard(spec.run_dir, FLAGS.dashboard_port)
+    if spec.mesh.num_slices > 1 and "MELTEMI_SLICE_INDEX" not in os.environ:
+        # A slice's error: one line and its status too. Each slice builds its own hooks.
+        return launch_multislice(spec, hooks=training_hooks)
+    trainer = Trainer(spec, hooks=training_hooks(spec))
+    result = trainer.run()
+    if FLAGS.export_hf and not result.preempted:
+        directory = resolve_run_dir("", FLAGS.export_hf)  # relative to the user's cwd
+        trainer.export_hf(directory)
+        result.summary += f"\n  Hugging Face export: {display_path(directory)}"
+    if FLAGS.export_peft and not result.preempted:
+        directory = resolve_run_dir("", FLAGS.export_peft)
+        trainer.export_peft(directory)
+        result.summary += f"\n  PEFT adapter export: {display_path(directory)}"
     print(result.summary, flush=True)
     return PREEMPTED_EXIT_CODE if result.preempted else 0
 
@@ -156,14 +125,6 @@ def _start_dashboard(run_dir: object, port: int):
     # the process (`PyGILState_Release`, exit -6) after a finished run.
     atexit.register(server.stop)
     return server
-
-
-def _run_dir(resolved) -> object:
-    """The run directory an I/O failure is reported under (None if it does not resolve)."""
-    try:
-        return resolve_run_dir(resolved.config.name, resolved.config.run_dir)
-    except ConfigError:
-        return None
 
 
 def run() -> None:
