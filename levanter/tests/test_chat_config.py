@@ -90,6 +90,16 @@ def test_chat_keys_without_chat_data_are_inert(key, value):
         _spec((key, value))
 
 
+def test_text_packing_is_inert_with_chat_data():
+    with pytest.raises(
+        InertKeyError,
+        match=r"data.packing='whole_documents' has no effect with data.source='chat': "
+        r"conversations are always packed whole.*Drop data.packing",
+    ):
+        _spec(*CHAT_KEYS, TEMPLATE, ("data.packing", "whole_documents"))
+    assert _spec(*CHAT_KEYS, TEMPLATE).data.packing == "stream"
+
+
 def test_chat_source_needs_train_files():
     with pytest.raises(ConfigError, match=r"data.source='chat' needs data.train_files"):
         _spec(("data.source", "chat"), TEMPLATE)

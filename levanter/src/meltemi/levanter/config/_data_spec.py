@@ -111,7 +111,7 @@ class DataSpec:
         'How documents become rows (meltemi.data.PACKINGS): "stream" concatenates and cuts '
         'every seq_len tokens; "whole_documents" never splits a document shorter than seq_len '
         "(rows are padded; padding is loss-masked and its share logged as "
-        "data/padding_fraction).",
+        "data/padding_fraction). Text only: chat data is always packed whole.",
         OneOf(md.PACKINGS),
     )
     chat_template: str = key(
@@ -230,6 +230,12 @@ def data_spec(config: ml_collections.ConfigDict) -> DataSpec:
         template = load_chat_template(v["tokenizer"], v["chat_template"])
     else:
         _check_inert_chat_keys(v, source)
+    if source == "chat" and v["packing"] != "stream":
+        raise InertKeyError(
+            f"data.packing={v['packing']!r} has no effect with data.source='chat': "
+            "conversations are always packed whole into rows (first-fit decreasing; those "
+            "longer than data.seq_len follow data.overlong). Drop data.packing."
+        )
 
     objective = config.trainer.objective
     if objective != "lm" and source not in ("chat", "mixture"):
