@@ -46,6 +46,25 @@ def test_byte_tokenizer_fingerprint_is_the_same_in_another_process():
     assert other == ByteTokenizer().fingerprint() and len(other) == 64
 
 
+def test_byte_tokenizer_saves_an_equal_tokenizer_json(tmp_path):
+    tok = ByteTokenizer()
+    written = tok.save_pretrained(tmp_path)
+    assert sorted(p.rsplit("/", 1)[1] for p in written) == [
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    hf = HfTokenizer(tmp_path / "tokenizer.json", bos=config["bos_token"], eos=config["eos_token"],
+                     pad=config["pad_token"])  # fmt: skip
+    assert (hf.vocab_size, hf.bos_id, hf.eos_id, hf.pad_id) == (259, 256, 257, 258)
+    every_byte = bytes(range(256)).decode("latin-1")  # code points 0-255: 1-2 UTF-8 bytes each
+    for text in ("naïve ☃ code\n\tdef f():  pass 🙂", every_byte, "<bos>hi<eos> <pad>x"):
+        ids, _ = tok.encode_with_offsets(text.replace("<pad>", ""))
+        assert hf.encode(text.replace("<pad>", "")).tolist() == ids.tolist()
+        assert hf.decode(ids) == tok.decode(ids)
+    assert hf.encode("<pad>").tolist() == [258]
+
+
 def test_hf_fingerprint_follows_the_mapping_not_the_file_layout(tmp_path):
     path = wordlevel_tokenizer(tmp_path / "a.json", ("<unk>", "<eos>"))
     data = json.loads(path.read_text())

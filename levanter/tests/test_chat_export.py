@@ -135,3 +135,30 @@ def test_a_chat_run_starts_from_the_export_and_reads_its_template(export, tmp_pa
                             jax.tree.leaves(trainer.state.params), strict=True):  # fmt: skip
         np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-6, atol=1e-6)
     assert Trainer(resolved).run().step == 2
+
+
+def test_a_byte_level_run_exports_a_tokenizer_that_serving_and_transformers_read(tmp_path):
+    # The byte tokenizer has no file of its own: the export writes one (byte b = token b), so
+    # `//models:serve` (meltemi.models.chat.load_tokenizer) and `transformers` read the model.
+    from meltemi.models import chat as mchat
+
+    resolved = load_config(
+        f"{CONFIGS / 'sft.py'}:smoke",
+        [("run_dir", str(tmp_path / "run")), ("data.cache_dir", str(tmp_path / "cache")),
+         ("checkpoint.enabled", "false"), ("eval.num_batches", "0")],
+    )  # fmt: skip
+    trainer = Trainer(resolved)
+    assert trainer.spec.data.tokenizer == "byte"
+    trainer.run(stop_after=0)  # the initial weights: the tokenizer is what is tested
+    trainer.export_hf(tmp_path / "hf")
+    messages = [{"role": "user", "content": "spell: kalo"},
+                {"role": "assistant", "content": "k-a-l-o ☃"}]  # fmt: skip
+    ours = mdc.encode_chat(messages, trainer.spec.tokenizer, trainer.spec.data.template)
+    served = mchat.load_tokenizer(tmp_path / "hf")
+    text = trainer.spec.data.template.render(messages)
+    assert served.encode(text).tolist() == ours.ids.tolist()
+    assert served.eos_id == trainer.spec.tokenizer.eos_id
+    hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    ids = hf_tok.apply_chat_template(messages, tokenize=True)
+    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    assert list(ids) == ours.ids.tolist()

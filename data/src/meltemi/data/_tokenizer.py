@@ -146,6 +146,37 @@ class ByteTokenizer(Tokenizer):
     def fingerprint(self) -> str:
         return hashlib.sha256(b"meltemi.ByteTokenizer/v1:bos=256,eos=257,pad=258").hexdigest()
 
+    def save_pretrained(self, directory: str | os.PathLike) -> list[str]:
+        """Writes this mapping as a Hugging Face `tokenizer.json` (byte-level, no merges: byte
+        `b` is token `b`; `<bos>`, `<eos>`, `<pad>` are the special tokens 256-258) and a
+        `tokenizer_config.json` naming them, so `transformers.AutoTokenizer`, `tokenizers` and
+        `HfTokenizer` read an exported byte-level model. Needs `tokenizers` (extra `[hf]`).
+
+        Returns:
+            The paths written.
+        """
+        tk = _tokenizers()
+        vocab = {ch: b for b, ch in enumerate(_byte_chars())}
+        tok = tk.Tokenizer(tk.models.BPE(vocab, [], fuse_unk=False))
+        tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = tk.decoders.ByteLevel()
+        specials = (self.bos_token, self.eos_token, "<pad>")
+        tok.add_special_tokens([tk.AddedToken(t, special=True, normalized=False) for t in specials])
+        os.makedirs(directory, exist_ok=True)
+        paths = [os.path.join(directory, n) for n in ("tokenizer.json", "tokenizer_config.json")]
+        tok.save(paths[0])
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "pad_token": "<pad>",
+            "model_max_length": 1 << 30,
+        }
+        with open(paths[1], "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2)
+            f.write("\n")
+        return paths
+
     def __eq__(self, other) -> bool:
         return isinstance(other, ByteTokenizer)
 
@@ -154,6 +185,14 @@ class ByteTokenizer(Tokenizer):
 
     def __repr__(self) -> str:
         return "ByteTokenizer()"
+
+
+def _byte_chars() -> list[str]:
+    """GPT-2's printable stand-in character of each byte 0..255 (what `tokenizers`'
+    ByteLevel pre-tokenizer maps byte `b` to)."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    extra = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
 
 
 _BYTE_SPECIALS = re.compile(r"<bos>|<eos>|(?:(?!<bos>|<eos>).)+", re.DOTALL)

@@ -116,7 +116,7 @@ def load_tokenizer(directory: pathlib.Path):
     if not (directory / "tokenizer.json").is_file():
         raise ChatError(
             f"{directory} has no tokenizer.json; export the model with its tokenizer "
-            "(hf.save(..., tokenizer=DIR), or a run whose data.tokenizer is a tokenizer.json)"
+            "(hf.save(..., tokenizer=DIR), or a run's --export_hf, which writes it)"
         )
     cfg_path = directory / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import pathlib
+import tempfile
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+import meltemi.data as md
 import meltemi.models as mm
 from meltemi.levanter.config import ConfigError, RunSpec, special_token_ids
 from meltemi.levanter.evaluation import chat_eos_ids
@@ -48,8 +50,9 @@ def init_from_hf(spec: RunSpec, plan: Plan, state: TrainState) -> TrainState:
 def export_hf(spec: RunSpec, plan: Plan, state: TrainState, directory: pathlib.Path) -> list[str]:
     """Writes the parameters of `state` as a Hugging Face checkpoint `transformers` loads.
 
-    The tokenizer's files are copied too when the run uses a `tokenizer.json`. A run on chat
-    data also writes its chat template into `tokenizer_config.json` (`chat_template`, with the
+    The tokenizer's files are copied too when the run uses a `tokenizer.json`; a run on the
+    byte tokenizer gets one written (`ByteTokenizer.save_pretrained`). A run on chat data also
+    writes its chat template into `tokenizer_config.json` (`chat_template`, with the
     special token strings) and the eos list of `meltemi.levanter.evaluation.chat_eos_ids`
     (the tokenizer's eos and the template's end of turn) into `generation_config.json`
     and `config.json`, so `apply_chat_template` and `generate` work on the export as they do
@@ -61,10 +64,18 @@ def export_hf(spec: RunSpec, plan: Plan, state: TrainState, directory: pathlib.P
             "its final checkpoint in one process (the same command on one host)."
         )
     model = merged(eqx.combine(jax.device_get(state.params), plan.static))
-    tokenizer = None
-    if spec.data.tokenizer != "byte":
-        path = pathlib.Path(spec.data.tokenizer).expanduser()
-        tokenizer = str(path if path.is_dir() else path.parent)
+    with tempfile.TemporaryDirectory() as scratch:
+        if spec.data.tokenizer == "byte":  # written as a byte-level tokenizer.json
+            md.ByteTokenizer().save_pretrained(scratch)
+            tokenizer = scratch
+        else:
+            path = pathlib.Path(spec.data.tokenizer).expanduser()
+            tokenizer = str(path if path.is_dir() else path.parent)
+        return _export(spec, model, tokenizer, directory)
+
+
+def _export(spec: RunSpec, model, tokenizer: str, directory: pathlib.Path) -> list[str]:
+    """`export_hf` with the tokenizer's files in the directory `tokenizer`."""
     config = spec.model
     template = spec.data.template
     if template is not None:
