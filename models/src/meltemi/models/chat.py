@@ -41,6 +41,7 @@ __all__ = [
     "TokenStream",
     "find_checkpoint",
     "generate_stream",
+    "is_hf_checkpoint",
     "load_tokenizer",
     "prompt_ids",
     "text_increments",
@@ -53,7 +54,8 @@ class ChatError(ConfigError):
     """A checkpoint or conversation chat generation cannot use (the message says the fix)."""
 
 
-def _is_hf_checkpoint(directory: pathlib.Path) -> bool:
+def is_hf_checkpoint(directory: pathlib.Path) -> bool:
+    """Whether `directory` holds a Hugging Face checkpoint (`config.json` and safetensors)."""
     return (directory / "config.json").is_file() and (
         (directory / "model.safetensors").is_file()
         or (directory / "model.safetensors.index.json").is_file()
@@ -73,13 +75,13 @@ def find_checkpoint(path: str | os.PathLike) -> pathlib.Path:
     directory = pathlib.Path(path).expanduser()
     if not directory.is_dir():
         raise ChatError(f"checkpoint={str(path)!r}: no such directory")
-    if _is_hf_checkpoint(directory):
+    if is_hf_checkpoint(directory):
         return directory
     exports = []
     if (directory / "hf").is_dir():
         for sub in (directory / "hf").iterdir():
             match = _STEP_DIR.match(sub.name)
-            if match and _is_hf_checkpoint(sub):
+            if match and is_hf_checkpoint(sub):
                 exports.append((int(match.group(1)), sub))
     if exports:
         return max(exports)[1]

@@ -123,7 +123,9 @@ class RLSpec:
     eval_prompts: int = key(64, "Held-out prompts per evaluation.", AtLeast(0, example=64))
     teacher: str = key(
         "",
-        "rl.objective=distill: the teacher's checkpoint (a run directory or a checkpoint).",
+        "rl.objective=distill: the teacher's checkpoint: a Hugging Face directory (any "
+        "architecture and size of the student's vocabulary and tokenizer, e.g. a larger run's "
+        "--export_hf), or a run directory or checkpoint of the student's model.* settings.",
         Text(),
     )
 

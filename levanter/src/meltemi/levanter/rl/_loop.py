@@ -117,13 +117,16 @@ def make_cluster(rl: RLSpec) -> Any:
     return fray.LocalCluster(call_timeout=None)
 
 
-def _train_step(spec: RunSpec, rl: RLSpec, static: Any, optimizer: Any) -> Callable:
-    """The jitted update: (state, batch, teacher) -> (state, metrics)."""
+def _train_step(
+    spec: RunSpec, rl: RLSpec, static: Any, optimizer: Any, teacher_static: Any = None
+) -> Callable:
+    """The jitted update: (state, batch, ref, teacher) -> (state, metrics); the teacher's
+    arrays combine with `teacher_static` (default: the student's `static`)."""
     lora = spec.lora.enabled
 
-    def logps_of(params, tokens):
-        model = eqx.combine(params, static)
-        if lora:
+    def logps_of(params, tokens, structure=static):
+        model = eqx.combine(params, structure)
+        if lora and structure is static:
             model = mm.lora.freeze(model)
         return sampled_logps(model(tokens).array, tokens)
 
@@ -136,7 +139,8 @@ def _train_step(spec: RunSpec, rl: RLSpec, static: Any, optimizer: Any) -> Calla
             stale, truncated_is_weights(prox, batch["behaviour"], mask, cap=rl.is_cap), 1.0
         )
         if rl.objective == "distill":
-            teacher = jax.lax.stop_gradient(logps_of(teacher_params, tokens))
+            structure = static if teacher_static is None else teacher_static
+            teacher = jax.lax.stop_gradient(logps_of(teacher_params, tokens, structure))
             return distill_loss(
                 logps, teacher, mask, aggregation=rl.aggregation, is_weights=weights
             )
@@ -258,8 +262,10 @@ class RLTrainer:
                 peak_flops=lambda: 1.0,
             )  # fmt: skip
             ref = params if rl.kl_beta > 0 else None
-            teacher = load_teacher(rl.teacher, params) if rl.objective == "distill" else None
-            step_fn = self.step_fn = _train_step(spec, rl, static, optimizer)
+            teacher, self._teacher_static = None, None
+            if rl.objective == "distill":
+                teacher, self._teacher_static = load_teacher(spec, rl.teacher, params, static)
+            step_fn = self.step_fn = _train_step(spec, rl, static, optimizer, self._teacher_static)
             cluster = self._cluster or stack.enter_context(make_cluster(rl))
             payload = weight_payload(state["train"].params, adapters_only=False)
             pool = RolloutPool(
@@ -392,8 +398,9 @@ class RLTrainer:
         }
         if teacher is not None:
             out["reverse_kl"] = reverse_kl(
-                self.spec, self.rl, state["train"].params, teacher, sampled, self._static
-            )
+                self.spec, self.rl, state["train"].params, teacher, sampled, self._static,
+                self._teacher_static,
+            )  # fmt: skip
         result.evals[step] = out
         line = ", ".join(f"{k} {v:.4f}" for k, v in out.items())
         sink.say(f"step {step}: eval/{self.env.name} (held out, {count} prompts): {line}")
