@@ -30,7 +30,7 @@ command resumes it.
 
 import pathlib
 
-from meltemi.levanter.config import base_config, rl_section, with_variant
+from meltemi.levanter.config import base_config, rl_section, smoke_variant, with_variant
 
 HERE = pathlib.Path(__file__).parent
 DATA = HERE / "rl_data"
@@ -72,15 +72,11 @@ VARIANTS = {
         "rl.eval_every_steps": 0,
         "rl.eval_prompts": 64,
     },
-    # 2 steps from scratch: what tests/test_configs.py trains (with the trainer binary).
-    "smoke": {
-        "checkpoint.init_from": "",
-        "trainer.num_train_steps": 2,
-        "checkpoint.save_every_steps": 1,
-        "eval.num_batches": 1,
-        "rl.eval_prompts": 4,
-        "rl.num_workers": 1,
-    },
+    # 2 steps of the smoke model from scratch: what tests/test_configs.py trains.
+    "smoke": smoke_variant(
+        "rl-arithmetic-smoke",
+        {"checkpoint.init_from": "", "rl.eval_prompts": 4, "rl.num_workers": 1},
+    ),
 }
 
 

@@ -14,36 +14,32 @@ The real run is this file plus `--config.model.init_from_hf=DIR --config.data.to
 DIR/tokenizer.json --config.rl.problems=PATH`.
 """
 
-from meltemi.levanter.config import base_config, rl_section, with_variant
+from meltemi.levanter.config import base_config, rl_section, smoke_variant, with_variant
 
 PROMPTS, SAMPLES, SEQ_LEN = 64, 16, 2048
 
 VARIANTS = {
     "lora": {"model.lora.rank": 64, "model.lora.alpha": 128.0, "model.lora.targets": "all-linear"},
-    # A tiny model for 2 steps: what tests/test_configs.py trains (with the trainer binary).
-    "smoke": {
-        "name": "rl-math-smoke",
-        "model.preset": "tiny-llama",
-        "model.remat": "none",
-        "data.seq_len": 32,
-        "trainer.train_batch_size": 4,
-        "trainer.microbatches": 1,
-        "trainer.num_train_steps": 2,
-        "trainer.compute_dtype": "float32",
-        "optimizer.warmup": 0,
-        "trainer.progress_bar": False,
-        "checkpoint.save_every_steps": 1,
-        "eval.num_batches": 1,
-        "eval.batch_size": 4,
-        "rl.prompts_per_step": 2,
-        "rl.samples_per_prompt": 2,
-        "rl.max_tokens": 8,
-        "rl.num_workers": 1,
-        "rl.worker_devices": 1,
-        "rl.kv_bytes": 1 << 20,
-        "rl.max_seqs": 8,
-        "rl.eval_prompts": 4,
-    },
+    # 2 steps of the smoke model (tiny-llama's family): what tests/test_configs.py trains.
+    "smoke": smoke_variant(
+        "rl-math-smoke",
+        {
+            "model.preset": "tiny-llama",
+            "model.remat": "none",
+            "data.seq_len": 32,
+            "trainer.microbatches": 1,
+            "trainer.compute_dtype": "float32",
+            "optimizer.warmup": 0,
+            "rl.prompts_per_step": 2,
+            "rl.samples_per_prompt": 2,
+            "rl.max_tokens": 8,
+            "rl.num_workers": 1,
+            "rl.worker_devices": 1,
+            "rl.kv_bytes": 1 << 20,
+            "rl.max_seqs": 8,
+            "rl.eval_prompts": 4,
+        },
+    ),
 }
 
 

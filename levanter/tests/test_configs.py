@@ -6,7 +6,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from meltemi.levanter.config import load_config
+from meltemi.levanter.config import SMOKE_MODEL, SMOKE_RUN, load_config
 from meltemi.levanter.trainer import train
 
 CONFIGS = sorted((pathlib.Path(__file__).parent.parent / "configs").glob("*.py"))
@@ -36,6 +36,18 @@ def test_config_trains_two_steps(path, tmp_path):
     assert all(loss > 0 for loss in result.losses.values())
     assert result.loss_png is not None and result.loss_png.exists()
     assert (tmp_path / "run" / "checkpoints" / "step_00000002").is_dir()
+
+
+# The files whose `:smoke` is `smoke_variant(...)` with no change to its run or model keys.
+SHARED_SMOKE = ("default", "dpo", "mixture", "rl_arithmetic", "rl_math", "sft")
+
+
+@pytest.mark.parametrize("name", SHARED_SMOKE)
+def test_smoke_variants_train_the_shared_smoke_run_and_model(name):
+    config = load_config(f"{CONFIGS[0].with_name(name + '.py')}:smoke").config
+    for key, value in {**SMOKE_RUN, **SMOKE_MODEL}.items():
+        section, field = key.split(".")
+        assert config[section][field] == value, (name, key, config[section][field], value)
 
 
 def test_remat_policy_is_a_config_change_with_the_same_losses(tmp_path):
