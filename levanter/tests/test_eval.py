@@ -7,6 +7,7 @@ each evaluated token span decodes to, counted so that split characters count onc
 
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -194,8 +195,15 @@ def test_extra_files_and_the_hugging_face_export_agree(run):
     assert path == root / "hf" / "eval.json" and b["kind"] == "hf"
     for name in ("stdlib", "code"):
         np.testing.assert_allclose(b["sets"][name]["loss"], a["sets"][name]["loss"], rtol=1e-5)
+    # `b` read the byte-level tokenizer.json the export wrote (it wins over the config's), so
+    # equal losses mean equal ids. Without --config the export evaluates on its own files.
+    c, _ = evaluate_checkpoint(str(root / "hf"), eval_files=files, output=root / "c.json")
+    assert list(c["sets"]) == ["code"] and np.isfinite(c["sets"]["code"]["bpb"])
+    bare = root / "hf_without_tokenizer"
+    shutil.copytree(root / "hf", bare)
+    (bare / "tokenizer.json").unlink()
     with pytest.raises(EvalError, match=r"no tokenizer.json .* pass a --config"):
-        evaluate_checkpoint(str(root / "hf"), eval_files=files)
+        evaluate_checkpoint(str(bare), eval_files=files)
     with pytest.raises(EvalError, match=r"'stdlib' is already an evaluation set"):
         evaluate_checkpoint(str(ckpt), eval_files=f"stdlib={extra}")
 
