@@ -99,6 +99,64 @@ def test_long_prompt_is_prefilled_in_chunks_between_decoding_steps(model):
     assert per_step[3] == [a, b]
 
 
+def test_a_step_runs_one_compiled_program_while_a_prompt_prefills_beside_decodes(model):
+    engine = Engine(model, CONFIG)
+    a = engine.submit(Request([5, 6], 20, stop_ids=()))
+    engine.step()  # a: prefilled, first token
+    # 29 tokens: 4 chunks of 8; 2 samples, the partial last page copied at the last chunk
+    b = engine.submit(Request(list(range(1, 30)), 4, stop_ids=(), n=2))
+    calls = []
+
+    def counting(fn):
+        def call(*args):
+            calls.append(fn)
+            return fn(*args)
+
+        return call
+
+    progs = engine._programs
+    engine._programs = type(progs)(*[f and counting(f) for f in progs])
+    for step in range(4):
+        calls.clear()
+        events = engine.step()
+        assert len(calls) == 1, f"step {step}: {len(calls)} compiled calls"
+    assert [(e.request_id, e.sample) for e in events] == [(a, 0), (b, 0), (b, 1)]
+
+
+def test_a_prompt_prefilled_beside_decodes_gets_what_it_gets_alone(model):
+    # Several chunks, two seeded samples sharing the prompt's pages (the partial last page
+    # copied), logprobs: prefilled while a greedy request and a sampled one decode.
+    long = Request(list(range(3, 30)), 6, sampling=SAMPLED, stop_ids=(), n=2, logprobs=2, seed=4)
+    others = [
+        Request(PROMPTS[1], 12, stop_ids=()),
+        Request(PROMPTS[2], 12, sampling=SAMPLED, stop_ids=(), seed=5, logprobs=1),
+    ]
+
+    def events(requests, arrivals):
+        engine = Engine(model, CONFIG)
+        out = []
+        for step in range(40):
+            for r, at in zip(requests, arrivals, strict=True):
+                if at == step:
+                    engine.submit(r)
+            out += engine.step()
+        assert not engine.has_work
+        return out
+
+    together = events([*others, long], [0, 0, 2])
+    for i, r in enumerate([*others, long]):
+        alone = events([r], [0])
+        mine = [e for e in together if e.request_id == i]
+        assert [e[1:3] + e[5:] for e in mine] == [e[1:3] + e[5:] for e in alone]
+        np.testing.assert_allclose([e.logprob for e in mine], [e.logprob for e in alone], atol=1e-5)
+        if r.logprobs:
+            np.testing.assert_allclose(
+                [[lp for _, lp in e.top_logprobs] for e in mine],
+                [[lp for _, lp in e.top_logprobs] for e in alone],
+                atol=1e-5,
+            )
+
+
 # -- pages ------------------------------------------------------------------------------------
 
 
@@ -327,12 +385,20 @@ def test_decoding_attends_only_over_the_live_samples_and_their_pages(model, monk
                                                      for p in PROMPTS])  # fmt: skip
 
 
-def test_warmup_compiles_every_bucket_once(model):
-    engine = Engine(model, dataclasses.replace(CONFIG, decode_steps=2))
-    # batch buckets 1, 2, 4 x page buckets 1, 2, 4, 8, 16, twice (1 and 2 steps); prefill at
-    # each page bucket; the page copy.
-    assert engine.num_programs == 2 * 3 * 5 + 5 + 1
+@pytest.fixture(scope="module")
+def fresh_model():
+    """A model of a structure no other test compiles programs for (engines of one structure
+    share their compiled programs)."""
+    return T.random_model(CFG.replace(max_seq_len=63), seed=1)
+
+
+def test_warmup_compiles_every_bucket_once(fresh_model):
+    engine = Engine(fresh_model, dataclasses.replace(CONFIG, decode_steps=4))
+    # batch buckets 1, 2, 4 x page buckets 1, 2, 4, 8, 16, three times: the decoding step of 1
+    # and of 4 steps, the mixed step (decoding rows and a prompt chunk).
+    assert engine.num_programs == 3 * 3 * 5
     assert _compiles(engine.warmup) == engine.num_programs
+    assert _compiles(engine.warmup) == 0
 
 
 def _mixed_load(engine, rng):
@@ -360,8 +426,9 @@ def _mixed_load(engine, rng):
 
 
 @pytest.mark.parametrize("decode_steps", [1, 4])
-def test_steady_serving_compiles_nothing(model, decode_steps):
-    engine = Engine(model, dataclasses.replace(CONFIG, decode_steps=decode_steps))
+def test_steady_serving_compiles_nothing(fresh_model, decode_steps):
+    # Shares the programs the warm-up test compiled (when it ran first).
+    engine = Engine(fresh_model, dataclasses.replace(CONFIG, decode_steps=decode_steps))
     engine.warmup()
     rng = np.random.default_rng(0)
     assert _compiles(lambda: _mixed_load(engine, rng)) == 0

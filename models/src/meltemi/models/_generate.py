@@ -15,6 +15,7 @@ a power of two that the mesh's batch split divides. The budget itself is a trace
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
@@ -49,6 +50,10 @@ def bucket(n: int, minimum: int = MIN_BUCKET, multiple: int = 1) -> int:
     """
     size = 1 << (max(n, minimum) - 1).bit_length()
     return -(-size // multiple) * multiple
+
+
+def _is_named(x: Any) -> bool:
+    return isinstance(x, hax.NamedArray)
 
 
 def _named(arr: jax.Array) -> hax.NamedArray:
@@ -109,7 +114,8 @@ def _weights_out_first(model: Transformer) -> Transformer:
         if not isinstance(layer, hnn.Linear):
             return layer
         names = [a.name for a in hax.concat_axes(layer.Out, layer.In)]
-        layer = eqx.tree_at(lambda m: m.weight, layer, layer.weight.rearrange(names))
+        if [a.name for a in layer.weight.axes] != names:  # else keep the array (no copy)
+            layer = eqx.tree_at(lambda m: m.weight, layer, layer.weight.rearrange(names))
         if not isinstance(layer.dot_general, DefaultDotGeneralOp):
             return layer  # a quantized or otherwise custom product keeps its own
         return eqx.tree_at(lambda m: m.dot_general, layer, _WeightFirstDot())
@@ -128,6 +134,60 @@ def _values_position_last(cache: LayerCache) -> LayerCache:
     """
     order = (BATCH, KV_HEADS, HEAD_SIZE, KEY_POSITION)
     return LayerCache(cache.k, cache.v.rearrange(order))
+
+
+def _blocks_for_decoding(blocks: Any) -> Any:
+    """The layers unstacked (each step then reads every layer's weights where they are;
+    slicing a stacked layer inside the loop copies it at every step on CPU), weights `Out + In`
+    (`_weights_out_first`)."""
+    if isinstance(blocks, hnn.Stacked):
+        blocks = hnn.BlockSeq(blocks.unstacked(), blocks.Block, blocks.gradient_checkpointing)
+    return _weights_out_first(blocks)
+
+
+_prepare_blocks = eqx.filter_jit(_blocks_for_decoding)
+
+
+def _for_decoding(model: Transformer) -> Transformer:
+    """The model as a decoding step reads it: `_blocks_for_decoding`, and on the CPU a tied
+    head as a `Linear` over the embedding table (`vocab, embed`: already `Out + In`), so the
+    head too multiplies weight-first. Only the memory order changes, so the tokens are the
+    same; on a model already in this form it changes nothing."""
+    model = eqx.tree_at(lambda m: m.blocks, model, _blocks_for_decoding(model.blocks))
+    if model.lm_head is None and jax.default_backend() == "cpu":
+        embed = model.embed  # `Embedding.unembed` is the same product, in the plain order
+        head = hnn.Linear(embed.weight, None, embed.Embed, embed.Vocab)
+        model = eqx.tree_at(lambda m: m.lm_head, model, head, is_leaf=lambda x: x is None)
+    return _weights_out_first(model)
+
+
+_PREPARED: list[tuple[weakref.ref, Transformer]] = []
+"""`_decoding_model`'s one entry: (the source model, its `_for_decoding` copy)."""
+
+
+def _decoding_model(model: Transformer) -> Transformer:
+    """`_for_decoding(model)`, computed once per model object and kept while that object lives.
+
+    Rearranging inside the compiled loop redid it at every call: at 162M (12 layers, bs1, 32
+    new tokens) the unstacking copies took ~0.3 s of a 1.6 s call, ~10 ms per token. Only the
+    blocks are copied (the table and head keep the model's arrays); the copy is held until
+    `model` is garbage-collected or `generate` is called with another model, so a model that
+    generates keeps a second copy of its block weights in that time (each call held one
+    before, too). Models are immutable, so the object's identity is a safe key while it lives.
+    """
+    if _PREPARED and _PREPARED[0][0]() is model:
+        return _PREPARED[0][1]
+    # The rest (embedding table, head, norms) keeps the model's own arrays: `_for_decoding`
+    # then only wraps a tied table as a head (and rearranges a head not yet `Out + In`).
+    blocks = _prepare_blocks(model.blocks)
+    prepared = _for_decoding(eqx.tree_at(lambda m: m.blocks, model, blocks))
+
+    def forget(ref: weakref.ref) -> None:
+        if _PREPARED and _PREPARED[0][0] is ref:
+            _PREPARED.clear()
+
+    _PREPARED[:] = [(weakref.ref(model, forget), prepared)]
+    return prepared
 
 
 def _decode_step(model, cache, token, t, key, valid, lengths, prompt_len, sampling):
@@ -162,14 +222,7 @@ def _decode_loop(
     `max_new`) and the number of decode steps run.
     """
     batch, prompt_len = tokens.shape
-    if isinstance(model.blocks, hnn.Stacked):
-        # Unstack the layers once, before the loop: each step then reads every layer's weights
-        # where they are (slicing a stacked layer inside the loop copies it at every step on
-        # CPU). This holds a second copy of the block weights for the duration of the call.
-        blocks = model.blocks
-        unstacked = hnn.BlockSeq(blocks.unstacked(), blocks.Block, blocks.gradient_checkpointing)
-        model = eqx.tree_at(lambda m: m.blocks, model, unstacked)
-    model = _weights_out_first(model)
+    model = _for_decoding(model)  # a no-op on `_decoding_model`'s output (`generate` passes it)
     slots = prompt_len + new_bucket
     KPos = hax.Axis(KEY_POSITION, slots)  # noqa: N806
     # Padded slots never hold a real key; slots after the current one are masked by causality,
@@ -194,14 +247,34 @@ def _decode_loop(
         t, _, _, done, _ = state
         return (t < max_new) & ~jnp.all(done)
 
+    # At batch 1 the loop carries the cache without its batch axis. With it, XLA:CPU gives the
+    # cache update two consumers of different shapes (the attention product drops the size-1
+    # axis), duplicates the update into both and copies the whole cache ~4 times a step:
+    # 22% of a 512-token call at 162M. Carried squeezed, both see the same shape.
+    cache_leaves, cache_def = jax.tree.flatten(cache, is_leaf=_is_named)
+    cache_axes = [leaf.axes for leaf in cache_leaves]
+    squeeze = batch == 1
+
+    def carried(cache):
+        arrays = [leaf.array for leaf in jax.tree.leaves(cache, is_leaf=_is_named)]
+        return [a[0] for a in arrays] if squeeze else arrays
+
+    def named_cache(arrays):
+        arrays = [a[None] for a in arrays] if squeeze else arrays
+        return jax.tree.unflatten(
+            cache_def, [hax.named(a, ax) for a, ax in zip(arrays, cache_axes)]
+        )
+
     def body(state):
-        t, cache, token, done, out = state
-        nxt, cache = _decode_step(model, cache, token, t, key, valid, lengths, prompt_len, sampling)
+        t, arrays, token, done, out = state
+        nxt, cache = _decode_step(
+            model, named_cache(arrays), token, t, key, valid, lengths, prompt_len, sampling
+        )
         nxt = jnp.where(done, pad_token_id, nxt)
         out = jax.lax.dynamic_update_slice(out, nxt[:, None], (0, t))
-        return t + 1, cache, nxt, done | jnp.isin(nxt, eos), out
+        return t + 1, carried(cache), nxt, done | jnp.isin(nxt, eos), out
 
-    state = (jnp.asarray(1, jnp.int32), cache, first, done, out)
+    state = (jnp.asarray(1, jnp.int32), carried(cache), first, done, out)
     steps, _, _, _, out = jax.lax.while_loop(cond, body, state)
     return out, steps
 
@@ -343,7 +416,7 @@ def generate(
         pads[b] = width - len(p)
     static = (sampling, bucket(max_new_tokens), cache_dtype, _frozen_mapping())
     out, _ = _compiled(
-        model,
+        _decoding_model(model),
         tokens,
         pads,
         np.asarray(max_new_tokens, np.int32),
@@ -394,16 +467,6 @@ def _generate_recompute(model, prompts, max_new_tokens, sampling, eos, key, pad_
 
 
 # -- streaming: the same prefill and decoding step, one compiled step per token -------------------
-
-
-def _for_decoding(model: Transformer) -> Transformer:
-    """The model as `_decode_loop` rearranges it before its loop (layers unstacked, weights
-    `Out + In`): only the memory order changes, so the tokens are those of `generate`."""
-    if isinstance(model.blocks, hnn.Stacked):
-        blocks = model.blocks
-        unstacked = hnn.BlockSeq(blocks.unstacked(), blocks.Block, blocks.gradient_checkpointing)
-        model = eqx.tree_at(lambda m: m.blocks, model, unstacked)
-    return _weights_out_first(model)
 
 
 @eqx.filter_jit
@@ -472,7 +535,7 @@ class TokenStream:
                 )
             cache_dtype = _CACHE_DTYPES[cache_dtype]
         self.config = model.config
-        self._model = _for_decoding(model)
+        self._model = _decoding_model(model)
         self._cache_dtype = cache_dtype
 
     def __call__(

@@ -34,8 +34,8 @@ class EngineConfig:
 
     The KV pool holds `kv_bytes // page_bytes` pages, `page_bytes = 2 (k, v) * layers *
     page_size * kv_heads * head_size * dtype size`; page 0 is reserved (padding tokens write
-    there), the rest are handed out. Two programs serve everything: a decoding step over
-    `max_seqs` slots and a prefill chunk of `prefill_chunk` tokens.
+    there), the rest are handed out. Two programs serve everything: a decoding step of up to
+    `max_seqs` rows, and the same with a prompt chunk of `prefill_chunk` tokens beside them.
 
     Attributes:
         kv_bytes: byte budget of the KV pool (all layers, keys and values).

@@ -3,11 +3,12 @@
 Each `step()` (1) admits queued requests, first come first served, while slots and pages
 last; (2) runs one decoding step over every sample that is generating (packed into a batch
 padded to a power of two, attending over the pages in use, padded to a power of two: one
-compiled program per batch bucket x page bucket, all compiled by `warmup`); (3) prefills
-one chunk of `prefill_chunk` prompt tokens of the oldest admitted request (a long prompt takes
-several steps, so it never stalls the running sequences for more than one chunk). When a
-prompt's last chunk is in, its `n` samples draw their first tokens and start decoding at the
-next step.
+compiled program per batch bucket x page bucket, all compiled by `warmup`), and in the same
+compiled call (3) prefills one chunk of `prefill_chunk` prompt tokens of the oldest admitted
+request (a "mixed" step: the decoding rows and the chunk's tokens share every weight read; a
+long prompt takes several steps, so it never stalls the running sequences for more than one
+chunk). When a prompt's last chunk is in, its `n` samples draw their first tokens in that
+step and start decoding at the next.
 
 Pages are planned at admission: a request holds, for sample 0, the pages of its prompt plus
 `max_tokens - 1` positions, and for each further sample the same minus the prompt's full
@@ -133,6 +134,12 @@ class Engine:
             treedef, config.attention_backend, config.max_logprobs, config.decode_steps
         )
         self._pools = F.init_pools(model, self.num_pages, config.page_size, self.dtype)
+        devices = self._leaves_now[0].devices()
+        if len(devices) == 1:
+            # Committed to the model's device, as every program's output pools are: the first
+            # call (in `warmup`) then compiles what serving runs. Left uncommitted, the first
+            # program warmed up was compiled a second time when serving first ran it.
+            self._pools = jax.device_put(self._pools, next(iter(devices)))
         self.pages = PageAllocator(self.num_pages)
         self._table = np.full((config.max_seqs, self.pages_per_seq), NULL_PAGE, np.int32)
         self._slots: list[tuple[_Live, int] | None] = [None] * config.max_seqs
@@ -306,7 +313,8 @@ class Engine:
         return Event(live.rid, i, token, lp, top, reason)
 
     def step(self) -> list[Event]:
-        """Admit, decode one token for every generating sample, prefill one chunk."""
+        """Admit, then one compiled call: decode one token for every generating sample, and
+        prefill one chunk of the oldest admitted prompt in the same pass if there is one."""
         self._admit()
         if self._waiting and not self.num_running:
             # Everything is free yet the head does not fit: submit's checks should prevent it.
@@ -314,59 +322,70 @@ class Engine:
                 f"engine bookkeeping: request {self._waiting[0].rid} cannot be admitted into an "
                 f"idle engine ({self.pages.num_free} of {self.pages.capacity} pages free)"
             )
-        events = self._decode()
-        events += self._prefill()
-        return events
+        if self._prefilling:
+            return self._mixed()
+        return self._decode()
 
-    def _decode(self) -> list[Event]:
-        # Only the generating samples are sent, packed into the first rows of a batch padded to
-        # a power of two, with their page tables cut to the pages the step can touch (also a
-        # power of two): attention reads those pages, not `max_seqs x max_seq_len` slots.
-        many = self._programs.decode_many is not None and not self._prefilling
-        steps = self.config.decode_steps if many else 1
-        entries: list[tuple[_Live, int, int]] = []
-        slots: list[int] = []
+    def _generating(self) -> list[tuple[int, _Live, int, int]]:
+        """`(slot, request, sample, tokens so far)` of every sample that is generating."""
+        out = []
         for slot, held in enumerate(self._slots):
             if held is None:
                 continue
             live, i = held
             smp = live.samples[i]
-            if not smp.generated or smp.done:
-                continue  # still prefilling
-            entries.append((live, i, len(smp.generated)))
-            slots.append(slot)
-        if not entries:
-            return []
-        size = _bucket(len(entries), self.config.max_seqs)
+            if smp.generated and not smp.done:  # else still prefilling
+                out.append((slot, live, i, len(smp.generated)))
+        return out
+
+    def _decode_rows(self, size: int, steps: int, entries) -> tuple[np.ndarray, ...]:
+        """Tokens, positions, valid flags and steps left of `entries` packed into `size` rows,
+        and the last position any of them reaches in this call (-1 for none)."""
         tokens = np.zeros(size, np.int32)
         positions = np.zeros(size, np.int32)
         valid = np.zeros(size, bool)
         remaining = np.zeros(size, np.int32)
-        for r, (live, i, done) in enumerate(entries):
+        for r, (_, live, i, done) in enumerate(entries):
             tokens[r] = live.samples[i].generated[-1]
             positions[r] = live.prompt.size + done - 1
             valid[r] = True
             remaining[r] = min(steps, live.request.max_tokens - done)
-        last = int((positions + remaining - 1)[valid].max())
-        pages = _bucket(last // self.config.page_size + 1, self.pages_per_seq)
+        last = int((positions + remaining - 1)[valid].max()) if entries else -1
+        return tokens, positions, valid, remaining, last
+
+    def _decode_table(self, size: int, pages: int, entries) -> np.ndarray:
         table = np.full((size, pages), NULL_PAGE, np.int32)
-        table[: len(slots)] = self._table[slots, :pages]
+        table[: len(entries)] = self._table[[e[0] for e in entries], :pages]
+        return table
+
+    def _decode(self) -> list[Event]:
+        # Only the generating samples are sent, packed into the first rows of a batch padded to
+        # a power of two, with their page tables cut to the pages the step can touch (also a
+        # power of two): attention reads those pages, not `max_seqs x max_seq_len` slots.
+        many = self._programs.decode_many is not None
+        steps = self.config.decode_steps if many else 1
+        entries = self._generating()
+        if not entries:
+            return []
+        size = _bucket(len(entries), self.config.max_seqs)
+        tokens, positions, valid, remaining, last = self._decode_rows(size, steps, entries)
+        pages = _bucket(last // self.config.page_size + 1, self.pages_per_seq)
         program = self._programs.decode_many if many else self._programs.decode
-        padded: list[tuple[_Live, int, int] | None] = [*entries, *[None] * (size - len(entries))]
+        padded = [e[1:] for e in entries] + [None] * (size - len(entries))
         self._pools, out = program(
             self._leaves_now,
             self._pools,
             tokens,
             positions,
             valid,
-            table,
+            self._decode_table(size, pages, entries),
             self._rows(padded),
             remaining,
         )
         tok, lp, ids, lps = jax.device_get(out)
         events = []
         for t in range(steps):
-            for r, (live, i, _) in enumerate(entries):
+            for r, (_, live, i, _) in enumerate(entries):
                 if t >= remaining[r] or live.samples[i].done:
                     continue
                 events.append(
@@ -374,53 +393,75 @@ class Engine:
                 )
         return events
 
-    def _prefill(self) -> list[Event]:
-        if not self._prefilling:
-            return []
+    def _mixed(self) -> list[Event]:
+        """One decoding step of the generating samples and one prompt chunk of the oldest
+        prefilling request, as one compiled call (`Programs.mixed`)."""
+        cfg = self.config
+        ps = cfg.page_size
         live = self._prefilling[0]
-        chunk = self.config.prefill_chunk
+        entries = self._generating()
+        size = _bucket(len(entries), cfg.max_seqs)
+        tokens, positions, valid, _, last = self._decode_rows(size, 1, entries)
         start = live.prefilled
-        part = live.prompt[start : start + chunk]
-        tokens = np.zeros((1, chunk), np.int32)
-        positions = np.zeros((1, chunk), np.int32)
-        valid = np.zeros((1, chunk), bool)
-        tokens[0, : part.size] = part
-        positions[0, : part.size] = np.arange(start, start + part.size)
-        valid[0, : part.size] = True
-        # The chunk reads the pages up to its last token (a power of two of them).
-        pages = _bucket(_ceil_div(start + part.size, self.config.page_size), self.pages_per_seq)
-        table = self._table[live.slots[0], :pages][None]
-        size = self.config.max_seqs
-        entries = [(live, i, 0) if i < len(live.samples) else None for i in range(size)]
-        self._pools, out = self._programs.prefill(
+        part = live.prompt[start : start + cfg.prefill_chunk]
+        chunk = np.zeros(cfg.prefill_chunk, np.int32)
+        chunk_pos = np.zeros(cfg.prefill_chunk, np.int32)
+        chunk_valid = np.zeros(cfg.prefill_chunk, bool)
+        chunk[: part.size] = part
+        chunk_pos[: part.size] = np.arange(start, start + part.size)
+        chunk_valid[: part.size] = True
+        # Both parts read the pages up to their last token (a power of two of them).
+        need = max(last // ps + 1, _ceil_div(start + part.size, ps))
+        pages = _bucket(need, self.pages_per_seq)
+        final = start + part.size == live.prompt.size
+        # Sampling rows: the decoding rows, then (after the prompt's last chunk) its samples,
+        # all drawing from the chunk's last token (logits row `size`).
+        rows: list[tuple[_Live, int, int] | None] = [e[1:] for e in entries]
+        rows += [None] * (cfg.max_seqs - len(rows))
+        pick = np.zeros(cfg.max_seqs, np.int32)
+        pick[: len(entries)] = np.arange(len(entries))
+        copy = np.full(cfg.max_seqs, NULL_PAGE, np.int32)
+        if final:
+            full = live.prompt.size // ps
+            for i, smp in enumerate(live.samples):
+                pick[len(entries) + i] = size
+                rows[len(entries) + i] = (live, i, 0)
+                if i and live.prompt.size % ps and not smp.cancelled:
+                    copy[0] = live.samples[0].pages[full]
+                    copy[i] = smp.pages[full]
+        self._pools, out = self._programs.mixed(
             self._leaves_now,
             self._pools,
-            tokens,
-            positions,
-            valid,
-            table.copy(),
+            np.concatenate([tokens, chunk]),
+            np.concatenate([positions, chunk_pos]),
+            np.concatenate([valid, chunk_valid]),
+            self._decode_table(size, pages, entries),
+            self._table[live.slots[0], :pages][None].copy(),
             np.int32(part.size - 1),
-            self._rows(entries),
+            pick,
+            self._rows(rows),
+            copy,
         )
+        tok, lp, ids, lps = jax.device_get(out)
+        events = [
+            self._emit(live_, i, int(tok[r]), float(lp[r]), ids[r], lps[r])
+            for r, (_, live_, i, _) in enumerate(entries)
+            if not live_.samples[i].done
+        ]
         live.prefilled += part.size
-        if live.prefilled < live.prompt.size:
-            return []
+        if not final:
+            return events
         self._prefilling.popleft()
-        full = live.prompt.size // self.config.page_size
-        src = live.samples[0].pages
-        for smp in live.samples[1:]:
-            if live.prompt.size % self.config.page_size and not smp.cancelled:
-                pair = np.asarray([src[full], smp.pages[full]], np.int32)
-                self._pools = self._programs.copy_page(self._pools, pair)
         for i, smp in enumerate(live.samples):
             if smp.cancelled:
                 self._finish(live, i)
-        tok, lp, ids, lps = jax.device_get(out)
-        return [
-            self._emit(live, i, int(tok[i]), float(lp[i]), ids[i], lps[i])
+        r0 = len(entries)
+        events += [
+            self._emit(live, i, int(tok[r0 + i]), float(lp[r0 + i]), ids[r0 + i], lps[r0 + i])
             for i, smp in enumerate(live.samples)
             if not smp.done
         ]
+        return events
 
     # -- conveniences --------------------------------------------------------------------------
     @property
@@ -451,45 +492,43 @@ class Engine:
 
     def warmup(self) -> None:
         """Compiles every program serving can run (on idle inputs): the decoding step (one and
-        `decode_steps` steps) at each batch bucket x page bucket, the prefill chunk at each page
-        bucket, and the page copy; `num_programs` of them."""
-        chunk = self.config.prefill_chunk
-        run = self._programs
-        for size in buckets(self.config.max_seqs):
+        `decode_steps` steps) and the mixed step (decoding rows and a prompt chunk) at each
+        batch bucket x page bucket; `num_programs` of them."""
+        cfg, run = self.config, self._programs
+        chunk = np.zeros(cfg.prefill_chunk, np.int32)
+        mixed_rows = self._rows([None] * cfg.max_seqs)
+        for size in buckets(cfg.max_seqs):
             rows = self._rows([None] * size)
             zeros = np.zeros(size, np.int32)
             idle = np.zeros(size, bool)
-            for decode in (run.decode, run.decode_many):
-                if decode is None:
-                    continue
-                for pages in buckets(self.pages_per_seq):
-                    table = np.full((size, pages), NULL_PAGE, np.int32)
-                    self._pools, _ = decode(
-                        self._leaves_now, self._pools, zeros, zeros, idle, table, rows, zeros
-                    )
-        z2 = np.zeros((1, chunk), np.int32)
-        rows = self._rows([None] * self.config.max_seqs)
-        for pages in buckets(self.pages_per_seq):
-            self._pools, _ = run.prefill(
-                self._leaves_now,
-                self._pools,
-                z2,
-                z2,
-                np.zeros((1, chunk), bool),
-                np.full((1, pages), NULL_PAGE, np.int32),
-                np.int32(0),
-                rows,
-            )
-        self._pools = run.copy_page(self._pools, np.zeros(2, np.int32))
+            for pages in buckets(self.pages_per_seq):
+                table = np.full((size, pages), NULL_PAGE, np.int32)
+                for decode in (run.decode, run.decode_many):
+                    if decode is not None:
+                        self._pools, _ = decode(
+                            self._leaves_now, self._pools, zeros, zeros, idle, table, rows, zeros
+                        )
+                self._pools, _ = run.mixed(
+                    self._leaves_now,
+                    self._pools,
+                    np.concatenate([zeros, chunk]),
+                    np.concatenate([zeros, chunk]),
+                    np.zeros(size + cfg.prefill_chunk, bool),
+                    table,
+                    table[:1],
+                    np.int32(0),
+                    np.zeros(cfg.max_seqs, np.int32),
+                    mixed_rows,
+                    np.full(cfg.max_seqs, NULL_PAGE, np.int32),
+                )
         jax.block_until_ready(self._pools)
 
     @property
     def num_programs(self) -> int:
-        """How many programs (shapes) `warmup` compiles: decoding at every batch bucket x page
-        bucket (twice with `decode_steps > 1`), prefill at every page bucket, the page copy."""
-        page_buckets = len(buckets(self.pages_per_seq))
-        decodes = 1 + (self._programs.decode_many is not None)
-        return decodes * len(buckets(self.config.max_seqs)) * page_buckets + page_buckets + 1
+        """How many programs (shapes) `warmup` compiles: the decoding step (twice with
+        `decode_steps > 1`) and the mixed step at every batch bucket x page bucket."""
+        programs = 2 + (self._programs.decode_many is not None)
+        return programs * len(buckets(self.config.max_seqs)) * len(buckets(self.pages_per_seq))
 
     def update_weights(self, model: Transformer) -> None:
         """Serves `model`'s parameters from the next step on (same config, same shapes and

@@ -1,9 +1,10 @@
 """The model's forward pass through paged KV pools, the batched sampler, and the engine's
-compiled programs (a decoding step, a prefill chunk, a page copy).
+compiled programs (a decoding step, and a mixed step: decoding rows and a prompt chunk in one
+pass).
 
 Every program takes the model as its first argument (its arrays are traced, so new weights
 of the same shapes reuse the compiled program) and the pools second (donated: updated in
-place). Shapes are fixed by `EngineConfig`, so serving compiles these three programs once.
+place). Shapes come from a small fixed set of buckets (see `Engine.warmup`).
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ import jax
 import jax.numpy as jnp
 
 import meltemi.haliax as hax
-import meltemi.haliax.nn as hnn
 from meltemi.models._axes import BATCH, EMBED, POSITION, VOCAB
-from meltemi.models._generate import _weights_out_first
+from meltemi.models._generate import _for_decoding
 from meltemi.models._layers import constrain, project_qkv
 from meltemi.models._sampling import argmax
 from meltemi.models._transformer import Transformer
-from meltemi.models.engine._paged_attention import resolve_paged_backend, write_pages
+from meltemi.models.engine._paged_attention import _Q_ORDER, resolve_paged_backend, write_pages
 from meltemi.models.engine._pages import NULL_PAGE
 from meltemi.models.moe import MoeMlp
 
@@ -32,13 +32,10 @@ Pools = tuple[tuple[jax.Array, jax.Array], ...]
 
 
 def prepare(model: Transformer) -> Transformer:
-    """The model as the engine runs it: layers unstacked (each step reads every layer's
-    weights where they are) and `Linear` weights stored output-first (see `_generate`)."""
-    if isinstance(model.blocks, hnn.Stacked):
-        blocks = model.blocks
-        unstacked = hnn.BlockSeq(blocks.unstacked(), blocks.Block, blocks.gradient_checkpointing)
-        model = eqx.tree_at(lambda m: m.blocks, model, unstacked)
-    return _weights_out_first(model)
+    """The model as the engine runs it: `generate`'s decoding form (`_generate._for_decoding`:
+    layers unstacked, so each step reads every layer's weights where they are; `Linear`
+    weights stored output-first; on the CPU a tied head multiplied weight-first too)."""
+    return _for_decoding(model)
 
 
 def init_pools(model: Transformer, num_pages: int, page_size: int, dtype) -> Pools:
@@ -60,6 +57,8 @@ def paged_hidden(
     valid: jax.Array,
     page_table: jax.Array,
     backend: str,
+    chunk_table: jax.Array | None = None,
+    copy: jax.Array | None = None,
 ) -> tuple[hax.NamedArray, Pools]:
     """Final-normed hidden states of `tokens` (`[batch, T]`), attending through the pools.
 
@@ -68,18 +67,44 @@ def paged_hidden(
     mean nothing. The block structure mirrors `Block.__call__`, with `attend`'s cache and
     kernel replaced by the paged write and `backend`.
 
+    With `chunk_table` (a mixed step), `tokens` is `[D + C, 1]`: rows `:D` are decoding
+    sequences with `page_table` (`[D, pages]`), rows `D:` are `C` consecutive tokens of one
+    prompt, whose pages `chunk_table` (`[1, pages]`) lists. Every row goes through the
+    layers' products together; attention runs twice per layer, the decoding rows over
+    their own pages and the chunk as one sequence (`[1, C]`, so its pages are read once).
+
     Args:
         model: a `prepare`d model.
         pools: the KV pools.
         tokens: `[batch, T]` token ids.
         positions: `[batch, T]` position of each token in its sequence.
         valid: `[batch, T]` bool, real tokens.
-        page_table: `[batch, pages]` each row's pages.
+        page_table: `[batch, pages]` each row's pages (the decoding rows' with `chunk_table`).
         backend: `EngineConfig.attention_backend`.
+        chunk_table: `[1, pages]` the chunk's pages, or None (every row its own sequence).
+        copy: `[1 + k]` pages, or None: in every layer, after the write, page `copy[0]` is
+            copied to `copy[1:]` (copy-on-write of a shared prompt's partial last page).
     """
     kernel = resolve_paged_backend(backend)
     page_size = pools[0][0].shape[1]
-    pages = jnp.take_along_axis(page_table, positions // page_size, axis=1)
+    if chunk_table is None:
+        pages = jnp.take_along_axis(page_table, positions // page_size, axis=1)
+
+        def attend(q, k_pool, v_pool, **options):
+            return kernel(q, k_pool, v_pool, page_table, positions, **options)
+
+    else:
+        d = page_table.shape[0]
+        dec_pos, chunk_pos = positions[:d], positions[d:].reshape(1, -1)
+        pages = jnp.concatenate(
+            [
+                jnp.take_along_axis(page_table, dec_pos // page_size, axis=1),
+                jnp.take_along_axis(chunk_table, chunk_pos // page_size, axis=1).reshape(-1, 1),
+            ]
+        )
+        attend = functools.partial(
+            _attend_mixed, kernel, page_table, chunk_table, dec_pos, chunk_pos
+        )
     pages = jnp.where(valid, pages, NULL_PAGE)
     offsets = positions % page_size
     pos = _named(positions)
@@ -95,13 +120,15 @@ def paged_hidden(
         q, k, v = project_qkv(block.attn, h, positions=pos, options=options, sliding=sliding)
         k_pool = write_pages(k_pool, k, pages, offsets)
         v_pool = write_pages(v_pool, v, pages, offsets)
+        if copy is not None:
+            # Here, between the write and the reads of attention: after the last layer the
+            # copy made XLA:CPU copy every pool whole (+50 ms per step at 162M), here it is free.
+            k_pool, v_pool = _copy_pages(((k_pool, v_pool),), copy)[0]
         new_pools.append((k_pool, v_pool))
-        out = kernel(
+        out = attend(
             q,
             k_pool,
             v_pool,
-            page_table,
-            positions,
             window=options.window if sliding else None,
             softcap=options.softcap,
             scale=options.scale,
@@ -120,6 +147,27 @@ def paged_hidden(
             h = block.post_mlp_norm(h)
         x = constrain(x + h)
     return model.final_norm(x), tuple(new_pools)
+
+
+def _attend_mixed(
+    kernel, dec_table, chunk_table, dec_pos, chunk_pos, q, k_pool, v_pool, **options
+) -> hax.NamedArray:
+    """`kernel` over a mixed step's rows (see `paged_hidden`): the first `D` rows each over
+    their own pages, the remaining rows as one sequence of `C` tokens."""
+    order = tuple(q.resolve_axis(n) for n in _Q_ORDER)
+    qa = q.rearrange(order).array  # [D + C, 1, kv_heads, group, head]
+    d = dec_table.shape[0]
+    batch, pos = order[0], order[1]
+    dec_q = hax.named(qa[:d], (batch.resize(d), *order[1:]))
+    chunk_q = hax.named(
+        qa[d:].reshape(1, -1, *qa.shape[2:]),
+        (batch.resize(1), pos.resize(qa.shape[0] - d), *order[2:]),
+    )
+    dec = kernel(dec_q, k_pool, v_pool, dec_table, dec_pos, **options)
+    chunk = kernel(chunk_q, k_pool, v_pool, chunk_table, chunk_pos, **options)
+    dec = dec.rearrange(_Q_ORDER).array
+    chunk = chunk.rearrange(_Q_ORDER).array.reshape(-1, 1, *qa.shape[2:])
+    return hax.named(jnp.concatenate([dec, chunk]), order).rearrange([a.name for a in q.axes])
 
 
 def paged_logits(model, pools, tokens, positions, valid, page_table, backend="reference"):
@@ -197,29 +245,50 @@ class Programs(NamedTuple):
 
     decode: Callable
     decode_many: Callable | None
-    prefill: Callable
-    copy_page: Callable
+    mixed: Callable
 
 
-@functools.cache
+def _copy_pages(pools: Pools, copy: jax.Array) -> Pools:
+    """Page `copy[0]` copied to each of `copy[1:]` in every pool (`NULL_PAGE` entries write
+    the reserved page, which padding tokens write and attention always masks)."""
+    src, dst = copy[0], copy[1:]
+
+    def one(pool):
+        return pool.at[dst].set(jnp.broadcast_to(pool[src], (dst.shape[0], *pool.shape[1:])))
+
+    return tuple((one(k), one(v)) for k, v in pools)
+
+
 def programs(treedef: Any, backend: str, num_top: int, steps: int = 1) -> Programs:
     """The compiled programs of models with pytree structure `treedef` (which holds every
     static field: the config, axes, ...). The model travels as its flat list of arrays, the
-    cheapest argument to pass per call; cached, so engines of one structure share programs.
+    cheapest argument to pass per call; cached, so engines of one structure share programs
+    (whatever their `steps`: only `decode_many` depends on it).
 
     * `decode(leaves, pools, tokens, positions, valid, table, rows, remaining)`: one token
       per slot (`[slots]` arrays): write, attend, sample; outputs over `[1, slots, ...]`.
       `decode_many` (`steps > 1`, else None): `steps` such steps in one call, each slot's
       sampled token fed back, row `s` active for its first `remaining[s]` steps; outputs
       over `[steps, slots, ...]`.
-    * `prefill(leaves, pools, tokens, positions, valid, table, last, rows)`: one chunk of
-      one sequence's prompt (`[1, chunk]`), then one draw per row of `rows` from the logits
-      at chunk index `last` (the samples' first tokens; used after the prompt's last chunk).
-    * `copy_page(pools, src_dst)`: page `src_dst[0]` copied to `src_dst[1]` in every pool
-      (copy-on-write of a shared prompt's partial last page).
+    * `mixed(leaves, pools, tokens, positions, valid, table, chunk_table, last, pick, rows,
+      copy)`: a decoding step of `D = table.shape[0]` rows and one prompt chunk of `C`
+      tokens in one pass (`[D + C]` arrays, the chunk's pages in `chunk_table`; see
+      `paged_hidden`). Logits are computed for the `D` decoding rows and the chunk's token
+      at index `last` only; sampling row `s` draws from logits row `pick[s]` (`D` is the
+      chunk's token: the prompt's `n` samples draw their first tokens from it). Then page
+      `copy[0]` is copied to `copy[1:]` (copy-on-write of a shared prompt's partial last
+      page; `NULL_PAGE` for none). Outputs over `[rows]`.
     """
+    decode = _jitted("decode", treedef, backend, num_top, 1)
+    many = _jitted("decode", treedef, backend, num_top, steps) if steps > 1 else None
+    return Programs(decode, many, _jitted("mixed", treedef, backend, num_top, 1))
 
-    def decode(leaves, pools, tokens, positions, valid, table, rows, remaining, *, steps):
+
+@functools.cache
+def _jitted(kind: str, treedef: Any, backend: str, num_top: int, steps: int) -> Callable:
+    """One compiled program of `programs` (`kind`: "decode" or "mixed")."""
+
+    def decode(leaves, pools, tokens, positions, valid, table, rows, remaining):
         model = jax.tree.unflatten(treedef, leaves)
         rows = SamplingRows(*rows)
 
@@ -240,24 +309,28 @@ def programs(treedef: Any, backend: str, num_top: int, steps: int = 1) -> Progra
         (pools, _), out = jax.lax.scan(one, (pools, tokens), jnp.arange(steps))
         return pools, out
 
-    def prefill(leaves, pools, tokens, positions, valid, table, last, rows):
+    def mixed(leaves, pools, tokens, positions, valid, table, chunk_table, last, pick, rows, copy):
         model = jax.tree.unflatten(treedef, leaves)
-        hidden, pools = paged_hidden(model, pools, tokens, positions, valid, table, backend)
+        d = table.shape[0]
+        hidden, pools = paged_hidden(
+            model,
+            pools,
+            tokens[:, None],
+            positions[:, None],
+            valid[:, None],
+            table,
+            backend,
+            chunk_table,
+            copy,
+        )
         h = hidden.rearrange((BATCH, POSITION, EMBED))
-        one = jax.lax.dynamic_slice_in_dim(h.array, last, 1, axis=1)
-        row = hax.named(one, (h.axes[0], h.axes[1].resize(1), h.axes[2]))
-        logits = model._project(row).rearrange((BATCH, POSITION, VOCAB)).array[0, 0]
-        rows = SamplingRows(*rows)
-        rows_logits = jnp.broadcast_to(logits, (rows.seed.shape[0], logits.shape[0]))
-        return pools, sample_batch(rows_logits, rows, num_top)
+        arr = h.array[:, 0]
+        sel = jnp.concatenate([arr[:d], jax.lax.dynamic_slice_in_dim(arr, d + last, 1)])
+        row = hax.named(sel[:, None], (h.axes[0].resize(d + 1), h.axes[1], h.axes[2]))
+        logits = model._project(row).rearrange((BATCH, POSITION, VOCAB)).array[:, 0]
+        out = sample_batch(logits[pick], SamplingRows(*rows), num_top)
+        return pools, out
 
-    def copy_page(pools, src_dst):
-        src, dst = src_dst[0], src_dst[1]
-        return tuple((k.at[dst].set(k[src]), v.at[dst].set(v[src])) for k, v in pools)
-
-    return Programs(
-        jax.jit(functools.partial(decode, steps=1), donate_argnums=1),
-        jax.jit(functools.partial(decode, steps=steps), donate_argnums=1) if steps > 1 else None,
-        jax.jit(prefill, donate_argnums=1),
-        jax.jit(copy_page, donate_argnums=0),
-    )
+    if kind == "decode":
+        return jax.jit(decode, donate_argnums=1)
+    return jax.jit(mixed, donate_argnums=1)
