@@ -231,7 +231,16 @@ def test_unknown_cache_dtype_names_the_choices():
         mm.generate(model, PROMPTS, max_new_tokens=2, cache_dtype="float8")
 
 
-# -- the decoding layout: few-row products run weight-first -------------------------------------
+# -- the decoding layout without the native product: few-row products run weight-first ----------
+# (the path of sharded models and of machines without a C++ compiler; the native product is
+# tested in test_native_matmul.py)
+
+
+@pytest.fixture
+def xla_product(monkeypatch):
+    from meltemi.models import _generate
+
+    monkeypatch.setattr(_generate, "_native_products", lambda: False)
 
 
 def _decoding_linear(In, Out):  # noqa: N803
@@ -246,7 +255,7 @@ def _decoding_linear(In, Out):  # noqa: N803
 
 
 @pytest.mark.parametrize("rows", [3, 40])
-def test_decoding_products_equal_the_plain_product(rows):
+def test_decoding_products_equal_the_plain_product(rows, xla_product):
     import meltemi.haliax as hax
 
     In = (hax.Axis("heads", 3), hax.Axis("head_size", 5))  # noqa: N806 - multi-axis, as o_proj
@@ -260,7 +269,7 @@ def test_decoding_products_equal_the_plain_product(rows):
 
 
 @pytest.mark.parametrize("rows, weight_first", [(3, True), (40, False)])
-def test_decoding_products_run_weight_first_only_for_few_rows(rows, weight_first):
+def test_decoding_products_run_weight_first_only_for_few_rows(rows, weight_first, xla_product):
     # XLA:CPU reads a weight near its bandwidth bound only as `w[Out, In] @ x.T` when x has
     # few rows; the barrier keeps XLA from folding the transpose back into `x @ w.T`.
     import meltemi.haliax as hax
@@ -323,7 +332,7 @@ def test_the_decoding_copy_of_the_weights_is_freed_with_its_model(monkeypatch):
     assert copy() is None
 
 
-def test_a_tied_head_decodes_weight_first_with_the_same_logits():
+def test_a_tied_head_decodes_weight_first_with_the_same_logits(xla_product):
     # `Embedding.unembed` ran `x[rows, embed] . table[vocab, embed]` in the plain order: at 8
     # rows and a 32000 x 768 table, 16.3 ms against 10.7 ms weight-first (same process).
     import meltemi.haliax as hax

@@ -115,6 +115,33 @@ def test_the_bound_uses_the_fastest_of_the_runs_probes(quick):
         )
 
 
+def test_paired_fraction_takes_each_call_against_the_bandwidth_probed_before_it(quick):
+    # The machine's read bandwidth moves by 1.5x over minutes (other tenants): the paired
+    # figure sets each call against the bound at a probe taken just before that call. With
+    # one round: that call's bound over its time.
+    shape = quick["generate_shapes"]["quick"]
+    sides = ("generate", *(f"engine_steps{k}" for k in generate_bench.ENGINE_STEPS), *BASELINES)
+    for batch in generate_bench.BATCHES:
+        b = f"_bs{batch}"
+        for side in sides:
+            bandwidth = shape[f"read_bandwidth_gb_s_paired_{side}{b}"]
+            bound = generate_bench.roofline_seconds(
+                weight_bytes=shape["weight_bytes_per_token"],
+                flops=shape["flops_per_token"],
+                batch=batch,
+                prompt_len=generate_bench.PROMPT_LEN,
+                new_tokens=shape["new_tokens"],
+                bandwidth=bandwidth * 1e9,
+                peak=shape["matmul_peak_gflop_s"] * 1e9,
+            )
+            seconds = batch * shape["new_tokens"] / shape[f"{side}_tokens_per_s{b}"]
+            paired = shape[f"roofline_fraction_paired_{side}{b}"]
+            # tokens/s rounded to 0.1, bandwidth and fraction to 4 significant digits
+            tol = 0.05 / shape[f"{side}_tokens_per_s{b}"] + 2e-3
+            assert paired == pytest.approx(bound / seconds, rel=tol), (side, batch)
+            assert shape[f"roofline_fraction_paired_{side}{b}_iqr"] == [paired, paired]
+
+
 def test_combined_probes_keep_each_figures_best_and_list_every_read():
     probes = [
         {"read_bandwidth_gb_s": 9.0, "matmul_peak_gflop_s": 150.0, "matvec_read_gb_s": 7.0},

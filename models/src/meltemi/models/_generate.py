@@ -28,6 +28,7 @@ import meltemi.haliax as hax
 import meltemi.haliax.nn as hnn
 from meltemi.haliax import partitioning
 from meltemi.haliax.quantization import DefaultDotGeneralOp
+from meltemi.models import _native
 from meltemi.models._axes import BATCH, HEAD_SIZE, KEY_POSITION, KV_HEADS, POSITION
 from meltemi.models._config import ConfigError
 from meltemi.models._layers import LayerCache, constrain
@@ -98,21 +99,28 @@ class _WeightFirstDot(eqx.Module):
 
 
 def _weights_out_first(model: Transformer) -> Transformer:
-    """Every `Linear` weight stored `Out + In` (PyTorch's layout) and multiplied weight-first
-    by `_WeightFirstDot`, once, before the loop.
+    """Every float32 `Linear` as a `_native.PackedLinear` (panel layout, the native kernel)
+    when `_native_products()`; otherwise its weight stored `Out + In` (PyTorch's layout) and
+    multiplied weight-first by `_WeightFirstDot`. Once, before the loop.
 
-    A decoding step multiplies a few rows by every weight; XLA:CPU reads the weights near
-    their bandwidth bound only in the order `_WeightFirstDot` uses (the contracted `In`
-    innermost). Linear contracts by axis name, so only the memory order changes. Only on the
-    CPU: GPU and TPU matmul libraries pick their own order, and the barrier would only stop
-    XLA from fusing around the product there.
+    A decoding step multiplies a few rows by every weight, so it is bound by reading them.
+    At 162M (12 layers' products, one process, nothing else running) XLA's dot read them at
+    25 GB/s at 1 row and 18.4 at 8 rows, the native kernel at 29 and 26.6, beside a
+    `jnp.sum` at 25-27. Without the kernel, XLA:CPU reads the weights best in the order
+    `_WeightFirstDot` uses (the contracted `In` innermost). Linear contracts by axis name, so
+    only the memory order changes. Only on the CPU: GPU and TPU matmul libraries pick their
+    own order, and the barrier would only stop XLA from fusing around the product there.
     """
     if jax.default_backend() != "cpu":
         return model
+    native = _native_products()
 
     def fix(layer):
         if not isinstance(layer, hnn.Linear):
             return layer
+        if native and layer.weight.dtype == jnp.float32:
+            if isinstance(layer.dot_general, DefaultDotGeneralOp):
+                return _native.PackedLinear.from_linear(layer)
         names = [a.name for a in hax.concat_axes(layer.Out, layer.In)]
         if [a.name for a in layer.weight.axes] != names:  # else keep the array (no copy)
             layer = eqx.tree_at(lambda m: m.weight, layer, layer.weight.rearrange(names))
@@ -121,6 +129,13 @@ def _weights_out_first(model: Transformer) -> Transformer:
         return eqx.tree_at(lambda m: m.dot_general, layer, _WeightFirstDot())
 
     return jax.tree.map(fix, model, is_leaf=lambda x: isinstance(x, hnn.Linear))
+
+
+def _native_products() -> bool:
+    """Whether decoding copies multiply with `_native.PackedLinear`: on a single CPU device
+    (the kernel is opaque to XLA's partitioner, so sharded models keep XLA's product) when the
+    kernel builds (`_native.available`)."""
+    return jax.device_count() == 1 and _native.available()
 
 
 def _values_position_last(cache: LayerCache) -> LayerCache:
@@ -151,8 +166,9 @@ _prepare_blocks = eqx.filter_jit(_blocks_for_decoding)
 def _for_decoding(model: Transformer) -> Transformer:
     """The model as a decoding step reads it: `_blocks_for_decoding`, and on the CPU a tied
     head as a `Linear` over the embedding table (`vocab, embed`: already `Out + In`), so the
-    head too multiplies weight-first. Only the memory order changes, so the tokens are the
-    same; on a model already in this form it changes nothing."""
+    head too multiplies weight-first (with the native kernel: a packed copy of the table).
+    Only the memory order changes, so the tokens are the same; on a model already in this
+    form it changes nothing."""
     model = eqx.tree_at(lambda m: m.blocks, model, _blocks_for_decoding(model.blocks))
     if model.lm_head is None and jax.default_backend() == "cpu":
         embed = model.embed  # `Embedding.unembed` is the same product, in the plain order
@@ -169,16 +185,17 @@ def _decoding_model(model: Transformer) -> Transformer:
     """`_for_decoding(model)`, computed once per model object and kept while that object lives.
 
     Rearranging inside the compiled loop redid it at every call: at 162M (12 layers, bs1, 32
-    new tokens) the unstacking copies took ~0.3 s of a 1.6 s call, ~10 ms per token. Only the
-    blocks are copied (the table and head keep the model's arrays); the copy is held until
+    new tokens) the unstacking copies took ~0.3 s of a 1.6 s call, ~10 ms per token. The
+    blocks are copied, and with the native kernel the head too (packed; a tied table then has
+    a packed copy); the embedding table keeps the model's array. The copy is held until
     `model` is garbage-collected or `generate` is called with another model, so a model that
-    generates keeps a second copy of its block weights in that time (each call held one
-    before, too). Models are immutable, so the object's identity is a safe key while it lives.
+    generates keeps a second copy of its weights in that time (each call held one before,
+    too). Models are immutable, so the object's identity is a safe key while it lives.
     """
     if _PREPARED and _PREPARED[0][0]() is model:
         return _PREPARED[0][1]
     # The rest (embedding table, head, norms) keeps the model's own arrays: `_for_decoding`
-    # then only wraps a tied table as a head (and rearranges a head not yet `Out + In`).
+    # then only wraps a tied table as a head and rearranges or packs the head.
     blocks = _prepare_blocks(model.blocks)
     prepared = _for_decoding(eqx.tree_at(lambda m: m.blocks, model, blocks))
 
