@@ -371,3 +371,26 @@ def test_the_batch_one_loop_does_not_copy_its_cache_several_times_a_step():
         line for line in hlo.splitlines() if " copy(" in line and any(s in line for s in shapes)
     ]
     assert len(copies) <= 2 * cfg.num_layers, copies  # one per buffer (the old loop: 4)
+
+
+def test_a_token_stream_step_does_not_copy_its_cache_several_times():
+    # `TokenStream` runs `generate`'s step one call at a time; given the cache with its size-1
+    # batch axis it copied every layer's cache 4 times per token, as the loop did.
+    from meltemi.models import _generate
+
+    cfg = mm.get_preset("tiny-llama")
+    model = _generate._decoding_model(T.random_model(cfg, seed=3))
+    tokens, pads, key = np.ones((1, 16), np.int32), np.zeros(1, np.int32), jax.random.key(0)
+    token, cache, valid = _generate._stream_prefill(
+        model, tokens, pads, key, (_generate.GREEDY, 16, None)
+    )
+    carry = _generate._CacheCarry.of(cache)
+    consts = (model, key, valid, jnp.asarray([16]), _generate.GREEDY, 16, carry, token)
+    step = _generate._stream_step.lower(consts, carry.arrays(cache), jnp.int32(1))
+    hlo = step.compile().compiled.as_text()
+    kv, slots, size = cfg.num_kv_heads, 32, cfg.head_dim
+    shapes = [f"{kv},{slots},{size}]", f"{kv},{size},{slots}]"]
+    copies = [
+        line for line in hlo.splitlines() if " copy(" in line and any(s in line for s in shapes)
+    ]
+    assert len(copies) <= 2 * cfg.num_layers, copies  # one per buffer (before: 4)

@@ -221,6 +221,35 @@ def _decode_step(model, cache, token, t, key, valid, lengths, prompt_len, sampli
     return nxt, cache
 
 
+class _CacheCarry(eqx.Module):
+    """The KV cache as the flat arrays a decoding loop carries (or a step is given, donated):
+    at batch 1 without the batch axis.
+
+    With it, XLA:CPU gives each cache update two consumers of different shapes (the attention
+    product drops the size-1 axis), duplicates the update into both and copies the whole
+    cache ~4 times a step: 22% of a 512-token call at 162M. Without it, both see one shape.
+    """
+
+    treedef: Any = eqx.field(static=True)
+    axes: tuple = eqx.field(static=True)
+    squeeze: bool = eqx.field(static=True)
+
+    @staticmethod
+    def of(cache: Any) -> _CacheCarry:
+        leaves, treedef = jax.tree.flatten(cache, is_leaf=_is_named)
+        axes = tuple(leaf.axes for leaf in leaves)
+        return _CacheCarry(treedef, axes, leaves[0].axis_size(BATCH) == 1)
+
+    def arrays(self, cache: Any) -> list[jax.Array]:
+        arrays = [leaf.array for leaf in jax.tree.leaves(cache, is_leaf=_is_named)]
+        return [a[0] for a in arrays] if self.squeeze else arrays
+
+    def cache(self, arrays: Sequence[jax.Array]) -> Any:
+        arrays = [a[None] for a in arrays] if self.squeeze else list(arrays)
+        named = [hax.named(a, ax) for a, ax in zip(arrays, self.axes)]
+        return jax.tree.unflatten(self.treedef, named)
+
+
 def _decode_loop(
     model: Transformer,
     tokens: jax.Array,
@@ -264,34 +293,18 @@ def _decode_loop(
         t, _, _, done, _ = state
         return (t < max_new) & ~jnp.all(done)
 
-    # At batch 1 the loop carries the cache without its batch axis. With it, XLA:CPU gives the
-    # cache update two consumers of different shapes (the attention product drops the size-1
-    # axis), duplicates the update into both and copies the whole cache ~4 times a step:
-    # 22% of a 512-token call at 162M. Carried squeezed, both see the same shape.
-    cache_leaves, cache_def = jax.tree.flatten(cache, is_leaf=_is_named)
-    cache_axes = [leaf.axes for leaf in cache_leaves]
-    squeeze = batch == 1
-
-    def carried(cache):
-        arrays = [leaf.array for leaf in jax.tree.leaves(cache, is_leaf=_is_named)]
-        return [a[0] for a in arrays] if squeeze else arrays
-
-    def named_cache(arrays):
-        arrays = [a[None] for a in arrays] if squeeze else arrays
-        return jax.tree.unflatten(
-            cache_def, [hax.named(a, ax) for a, ax in zip(arrays, cache_axes)]
-        )
+    carry = _CacheCarry.of(cache)
 
     def body(state):
         t, arrays, token, done, out = state
         nxt, cache = _decode_step(
-            model, named_cache(arrays), token, t, key, valid, lengths, prompt_len, sampling
+            model, carry.cache(arrays), token, t, key, valid, lengths, prompt_len, sampling
         )
         nxt = jnp.where(done, pad_token_id, nxt)
         out = jax.lax.dynamic_update_slice(out, nxt[:, None], (0, t))
-        return t + 1, carried(cache), nxt, done | jnp.isin(nxt, eos), out
+        return t + 1, carry.arrays(cache), nxt, done | jnp.isin(nxt, eos), out
 
-    state = (jnp.asarray(1, jnp.int32), carried(cache), first, done, out)
+    state = (jnp.asarray(1, jnp.int32), carry.arrays(cache), first, done, out)
     steps, _, _, _, out = jax.lax.while_loop(cond, body, state)
     return out, steps
 
@@ -508,11 +521,15 @@ def _stream_prefill(model, tokens, pads, key, static):
 
 
 # The cache and the step counter are donated: each step updates the cache in place. The
-# previous token is not (the host still reads it while this step runs).
+# previous token is not (the host still reads it while this step runs). The cache travels as
+# `_CacheCarry` arrays (at batch 1 without the batch axis: no whole-cache copies per step).
 @eqx.filter_jit(donate="all-except-first")
-def _stream_step(consts, cache, t):
-    model, key, valid, lengths, sampling, prompt_len, token = consts
-    return _decode_step(model, cache, token, t, key, valid, lengths, prompt_len, sampling)
+def _stream_step(consts, arrays, t):
+    model, key, valid, lengths, sampling, prompt_len, carry, token = consts
+    nxt, cache = _decode_step(
+        model, carry.cache(arrays), token, t, key, valid, lengths, prompt_len, sampling
+    )
+    return nxt, carry.arrays(cache)
 
 
 class TokenStream:
@@ -598,7 +615,9 @@ class TokenStream:
         static = (sampling, bucket(max_new_tokens), self._cache_dtype)
         token, cache, valid = _stream_prefill(self._model, tokens, pads, key, static)
         lengths = jnp.asarray([len(prompt)], jnp.int32)
-        consts = (self._model, key, valid, lengths, sampling, width)
+        carry = _CacheCarry.of(cache)
+        cache = carry.arrays(cache)
+        consts = (self._model, key, valid, lengths, sampling, width, carry)
         for t in range(1, max_new_tokens + 1):
             # Queue the next step before reading this token: the device computes token t + 1
             # while the host converts and yields token t (one step past an eos is wasted).
