@@ -92,3 +92,16 @@ def test_built_once_per_machine_and_source(monkeypatch, tmp_path):
     stamp = first.stat().st_mtime_ns
     assert _native._compile(compiler) == first and first.stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == [first.name]
+
+
+def test_a_cache_others_can_write_is_refused(monkeypatch, tmp_path, caplog):
+    # Loading a library runs its code: a cache another user could write into is not used.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("MELTEMI_KERNEL_CACHE", str(shared))
+    with caplog.at_level(logging.WARNING, logger=_native.__name__):
+        assert _native.available.__wrapped__() is False
+    assert "not group- or world-writable" in caplog.text
+    assert "chmod go-w" in caplog.text
+    assert not list(shared.iterdir())

@@ -60,6 +60,20 @@ def _cpu_flags() -> str:
     return platform.processor() or platform.machine()
 
 
+def _check_private(path: pathlib.Path) -> None:
+    """Refuses a cache directory or library that another user could have written: loading a
+    library runs its code."""
+    if not hasattr(os, "getuid"):
+        return
+    st = path.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise OSError(
+            f"{path} is owned by uid {st.st_uid} with mode {oct(st.st_mode & 0o777)}: a kernel "
+            "cache must be yours and not group- or world-writable; fix it with "
+            f"`chmod go-w {path}` or set MELTEMI_KERNEL_CACHE to a private directory"
+        )
+
+
 def _compile(compiler: str) -> pathlib.Path:
     """The kernel's shared library, compiled into the cache unless already there."""
     version = subprocess.run(
@@ -73,16 +87,19 @@ def _compile(compiler: str) -> pathlib.Path:
         )  # fmt: skip
     ).hexdigest()[:16]
     cache = _cache_dir()
+    cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _check_private(cache)
     library = cache / f"small_matmul-{key}.so"
     if library.exists():
+        _check_private(library)
         return library
-    cache.mkdir(parents=True, exist_ok=True)
     command = [compiler, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w"]
     command += ["-I", jax.ffi.include_dir(), str(_SOURCE)]
     with tempfile.NamedTemporaryFile(dir=cache, suffix=".so", delete=False) as tmp:
         out = pathlib.Path(tmp.name)
     try:
         subprocess.run([*command, "-o", str(out)], capture_output=True, check=True, timeout=300)
+        out.chmod(0o755)  # whatever the umask: `_check_private` refuses group/world-writable
         os.replace(out, library)  # atomic: concurrent builders each write their own file
     finally:
         out.unlink(missing_ok=True)
