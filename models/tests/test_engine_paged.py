@@ -57,9 +57,7 @@ def _run_paged(model, prompts, tables, starts, phases):
     """Prefills `prompts[b][starts[b]:]` in chunks of CHUNK, the rows of each phase together
     (a row reading another's prefix comes in a later phase), then decodes one token of every
     row in one batch; returns each row's prefill logits (from `starts[b]`) and decode logits."""
-    cfg = model.config
-    shape = (NUM_PAGES, PAGE, cfg.num_kv_heads, cfg.head_size)
-    pools = tuple((jnp.zeros(shape), jnp.zeros(shape)) for _ in range(cfg.num_layers))
+    pools = F.init_pools(model, NUM_PAGES, PAGE, jnp.float32)
     table = np.zeros((len(prompts), PAGES_PER_SEQ), np.int32)
     for b, t in enumerate(tables):
         table[b, : len(t)] = t

@@ -23,12 +23,18 @@ from meltemi.models._generate import _for_decoding
 from meltemi.models._layers import constrain, project_qkv
 from meltemi.models._sampling import argmax
 from meltemi.models._transformer import Transformer
-from meltemi.models.engine._paged_attention import _Q_ORDER, resolve_paged_backend, write_pages
+from meltemi.models.engine._paged_attention import (
+    Q_ORDER,
+    copy_pages,
+    pool_shapes,
+    resolve_paged_backend,
+    write_pages,
+)
 from meltemi.models.engine._pages import NULL_PAGE
 from meltemi.models.moe import MoeMlp
 
 Pools = tuple[tuple[jax.Array, jax.Array], ...]
-"""Per layer, the `(keys, values)` pools `[num_pages, page_size, kv_heads, head_size]`."""
+"""Per layer, the `(keys, values)` pools (`_paged_attention.pool_shapes`: head-major)."""
 
 
 def prepare(model: Transformer) -> Transformer:
@@ -41,8 +47,10 @@ def prepare(model: Transformer) -> Transformer:
 def init_pools(model: Transformer, num_pages: int, page_size: int, dtype) -> Pools:
     """Zeroed pools of every layer."""
     cfg = model.config
-    shape = (num_pages, page_size, cfg.num_kv_heads, cfg.head_size)
-    return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_layers))
+    k_shape, v_shape = pool_shapes(num_pages, page_size, cfg.num_kv_heads, cfg.head_size)
+    return tuple(
+        (jnp.zeros(k_shape, dtype), jnp.zeros(v_shape, dtype)) for _ in range(cfg.num_layers)
+    )
 
 
 def _named(arr: jax.Array) -> hax.NamedArray:
@@ -86,7 +94,7 @@ def paged_hidden(
             copied to `copy[1:]` (copy-on-write of a shared prompt's partial last page).
     """
     kernel = resolve_paged_backend(backend)
-    page_size = pools[0][0].shape[1]
+    page_size = pools[0][0].shape[2]
     if chunk_table is None:
         pages = jnp.take_along_axis(page_table, positions // page_size, axis=1)
 
@@ -118,8 +126,7 @@ def paged_hidden(
         x = constrain(x)
         h = x if block.attn_norm is None else block.attn_norm(x)
         q, k, v = project_qkv(block.attn, h, positions=pos, options=options, sliding=sliding)
-        k_pool = write_pages(k_pool, k, pages, offsets)
-        v_pool = write_pages(v_pool, v, pages, offsets)
+        k_pool, v_pool = write_pages(k_pool, v_pool, k, v, pages, offsets)
         if copy is not None:
             # Here, between the write and the reads of attention: after the last layer the
             # copy made XLA:CPU copy every pool whole (+50 ms per step at 162M), here it is free.
@@ -154,7 +161,7 @@ def _attend_mixed(
 ) -> hax.NamedArray:
     """`kernel` over a mixed step's rows (see `paged_hidden`): the first `D` rows each over
     their own pages, the remaining rows as one sequence of `C` tokens."""
-    order = tuple(q.resolve_axis(n) for n in _Q_ORDER)
+    order = tuple(q.resolve_axis(n) for n in Q_ORDER)
     qa = q.rearrange(order).array  # [D + C, 1, kv_heads, group, head]
     d = dec_table.shape[0]
     batch, pos = order[0], order[1]
@@ -165,8 +172,8 @@ def _attend_mixed(
     )
     dec = kernel(dec_q, k_pool, v_pool, dec_table, dec_pos, **options)
     chunk = kernel(chunk_q, k_pool, v_pool, chunk_table, chunk_pos, **options)
-    dec = dec.rearrange(_Q_ORDER).array
-    chunk = chunk.rearrange(_Q_ORDER).array.reshape(-1, 1, *qa.shape[2:])
+    dec = dec.rearrange(Q_ORDER).array
+    chunk = chunk.rearrange(Q_ORDER).array.reshape(-1, 1, *qa.shape[2:])
     return hax.named(jnp.concatenate([dec, chunk]), order).rearrange([a.name for a in q.axes])
 
 
@@ -252,11 +259,7 @@ def _copy_pages(pools: Pools, copy: jax.Array) -> Pools:
     """Page `copy[0]` copied to each of `copy[1:]` in every pool (`NULL_PAGE` entries write
     the reserved page, which padding tokens write and attention always masks)."""
     src, dst = copy[0], copy[1:]
-
-    def one(pool):
-        return pool.at[dst].set(jnp.broadcast_to(pool[src], (dst.shape[0], *pool.shape[1:])))
-
-    return tuple((one(k), one(v)) for k, v in pools)
+    return tuple((copy_pages(k, src, dst), copy_pages(v, src, dst)) for k, v in pools)
 
 
 def programs(treedef: Any, backend: str, num_top: int, steps: int = 1) -> Programs:

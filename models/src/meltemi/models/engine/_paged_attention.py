@@ -1,14 +1,23 @@
 """Attention through a page table: the keys and values of a sequence live in fixed-size pages
-of one pool per layer, `[num_pages, page_size, kv_heads, head_size]`, and row `b` of the page
-table lists the pages of sequence `b` in order (token at position `p` sits in page
-`table[b, p // page_size]` at offset `p % page_size`).
+of one pool per layer, and row `b` of the page table lists the pages of sequence `b` in order
+(token at position `p` sits in page `table[b, p // page_size]` at offset `p % page_size`).
+
+Pools are head-major (`pool_shapes`): keys `[kv_heads, num_pages, page_size, head_size]`,
+values `[kv_heads, num_pages, head_size, page_size]` (offset innermost). Gathering a row's
+pages then gives each head's keys as one `[slots, head_size]` block and its values with the
+contracted offset innermost, so both products of attention run as batched library matmuls
+over `(kv_heads, batch)` with no transpose of the gathered block. Measured on the CPU (8 rows,
+12 heads of 64, 128 slots in pages of 16; one process, other jobs stopped): 0.54 ms per layer,
+against 1.19 ms with the position-major pools `[num_pages, page_size, kv_heads, head_size]`
+of the first engine (XLA transposed every gathered block before each product) and 0.72 with
+head-major values in key order.
 
 Backends are functions `(q, k_pool, v_pool, page_table, q_positions, *, window, softcap,
-scale) -> out` in `PAGED_BACKENDS`; `"reference"` gathers each sequence's pages into a dense
-`(batch, pages * page_size, kv_heads, head_size)` block and runs plain masked softmax
-attention (every platform; it computes what `haliax.nn.dot_product_attention` computes over
-a dense cache, in the same order of operations). A Pallas ragged/paged kernel for TPU or GPU
-is added as another entry and picked by `resolve_paged_backend` where its platform runs.
+scale) -> out` in `PAGED_BACKENDS`; `"reference"` gathers each sequence's pages and runs plain
+masked softmax attention (every platform; it computes what `haliax.nn.dot_product_attention`
+computes over a dense cache, in the same order of operations). A Pallas ragged/paged kernel
+for TPU or GPU is added as another entry and picked by `resolve_paged_backend` where its
+platform runs.
 """
 
 from __future__ import annotations
@@ -29,16 +38,41 @@ from meltemi.models._axes import (
 )
 from meltemi.models.engine._config import EngineError
 
-_Q_ORDER = (BATCH, POSITION, KV_HEADS, Q_HEADS_PER_GROUP, HEAD_SIZE)
+Q_ORDER = (BATCH, POSITION, KV_HEADS, Q_HEADS_PER_GROUP, HEAD_SIZE)
+"""The query axes' order every paged kernel and `_forward` exchange arrays in."""
+
+
+def pool_shapes(
+    num_pages: int, page_size: int, kv_heads: int, head_size: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of one layer's `(keys, values)` pools (head-major, see the module)."""
+    return (kv_heads, num_pages, page_size, head_size), (kv_heads, num_pages, head_size, page_size)
 
 
 def write_pages(
-    pool: jax.Array, new: hax.NamedArray, pages: jax.Array, offsets: jax.Array
-) -> jax.Array:
-    """`pool` with `new` (over `batch, key_position, kv_heads, head_size`) written at
+    k_pool: jax.Array,
+    v_pool: jax.Array,
+    k: hax.NamedArray,
+    v: hax.NamedArray,
+    pages: jax.Array,
+    offsets: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """The pools with `k` and `v` (over `batch, key_position, kv_heads, head_size`) written at
     `(pages[b, t], offsets[b, t])` for each token `t` of row `b`."""
-    values = new.rearrange((BATCH, KEY_POSITION, KV_HEADS, HEAD_SIZE)).array
-    return pool.at[pages, offsets].set(values.astype(pool.dtype))
+    keys = k.rearrange((KV_HEADS, BATCH, KEY_POSITION, HEAD_SIZE)).array
+    k_pool = k_pool.at[:, pages, offsets].set(keys.astype(k_pool.dtype))
+    # Indices split by a slice: NumPy puts the indexed axes (batch, position) first.
+    values = v.rearrange((BATCH, KEY_POSITION, KV_HEADS, HEAD_SIZE)).array
+    v_pool = v_pool.at[:, pages, :, offsets].set(values.astype(v_pool.dtype))
+    return k_pool, v_pool
+
+
+def copy_pages(pool: jax.Array, src: jax.Array, dst: jax.Array) -> jax.Array:
+    """`pool` with page `src` copied to each page of `dst`."""
+    page = pool[:, src][:, None]
+    return pool.at[:, dst].set(
+        jnp.broadcast_to(page, (pool.shape[0], dst.shape[0], *page.shape[2:]))
+    )
 
 
 def reference_paged_attention(
@@ -56,8 +90,8 @@ def reference_paged_attention(
 
     Args:
         q: queries over `(batch, position, kv_heads, q_heads_per_group, head_size)`.
-        k_pool: keys of every page, `[num_pages, page_size, kv_heads, head_size]`.
-        v_pool: values, like `k_pool`.
+        k_pool: keys of every page, `[kv_heads, num_pages, page_size, head_size]`.
+        v_pool: values of every page, `[kv_heads, num_pages, head_size, page_size]`.
         page_table: `[batch, pages]` int, each row's pages in order.
         q_positions: `[batch, position]` int, each query's position; it sees the keys at
             positions `<=` its own (and `> pos - window` with a window).
@@ -68,26 +102,33 @@ def reference_paged_attention(
     Returns:
         The output with `q`'s axes.
     """
-    qa = q.rearrange(_Q_ORDER).array
+    qa = q.rearrange(Q_ORDER).array
     batch, pages = page_table.shape
-    slots = pages * k_pool.shape[1]
-    k = k_pool[page_table].reshape(batch, slots, *k_pool.shape[2:])
-    v = v_pool[page_table].reshape(batch, slots, *v_pool.shape[2:])
+    kv, _, page_size, head = k_pool.shape
+    slots = pages * page_size
+    t, group = qa.shape[1], qa.shape[3]
+    k = k_pool[:, page_table].reshape(kv, batch, slots, head)
+    v = v_pool[:, page_table]  # [kv, batch, pages, head_size, page_size]
     if scale is None:
-        scale = qa.shape[-1] ** -0.5
+        scale = head**-0.5
     k_pos = jnp.arange(slots, dtype=jnp.int32)
     mask = k_pos[None, None, :] <= q_positions[:, :, None]
     if window is not None:
         mask = mask & (q_positions[:, :, None] - k_pos[None, None, :] < window)
     orig = qa.dtype
-    qa = qa * jnp.asarray(scale, orig)
-    logits = jnp.einsum("btkgd,bskd->btkgs", qa, k.astype(orig))
+    # Queries as [kv, batch, t * group, head]: the products batch over (kv, batch) in the
+    # pools' order, so the gathered blocks are used as they are.
+    qk = (qa * jnp.asarray(scale, orig)).transpose(2, 0, 1, 3, 4).reshape(kv, batch, -1, head)
+    logits = jnp.einsum("kbqd,kbsd->kbqs", qk, k.astype(orig))
     if softcap is not None:
         logits = jnp.tanh(logits / softcap) * softcap
-    logits = jnp.where(mask[:, :, None, None, :], logits, jnp.finfo(logits.dtype).min)
+    logits = logits.reshape(kv, batch, t, group, slots)
+    logits = jnp.where(mask[None, :, :, None, :], logits, jnp.finfo(logits.dtype).min)
     weights = jax.nn.softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), -1)
-    out = jnp.einsum("btkgs,bskd->btkgd", weights.astype(orig), v.astype(orig))
-    axes = tuple(q.resolve_axis(n) for n in _Q_ORDER)
+    weights = weights.astype(orig).reshape(kv, batch, t * group, pages, page_size)
+    out = jnp.einsum("kbqps,kbpds->kbqd", weights, v.astype(orig))
+    out = out.reshape(kv, batch, t, group, head).transpose(1, 2, 0, 3, 4)
+    axes = tuple(q.resolve_axis(n) for n in Q_ORDER)
     return hax.named(out, axes).rearrange([a.name for a in q.axes])
 
 
