@@ -1,7 +1,8 @@
 """The server under a trace: throughput and latency against serving it one request at a time.
 
 A fixed trace (seeded): requests with mixed prompt and output lengths arriving at a fixed rate,
-each sent by its own client thread (the official `openai` client, streaming) to
+each sent by its own client thread (the official `openai` client, streaming; the threads run in
+a child process, so their SSE parsing does not hold the server's GIL) to
 `meltemi.models.serve` on a loopback port. The same trace is then served one request at a time
 (each sent when the previous one finished) by the same server, and, where `transformers` is
 installed, generated one request at a time by `transformers` on the same weights (same
@@ -20,14 +21,15 @@ Reported (JSON): output tokens/s of each side and the ratios `concurrent_vs_sequ
 `concurrent_vs_fastest_transformers_sequential` (against the faster of the two); time to first
 token (from the request's arrival) and inter-token latency p50/p99 of each side (the
 `transformers` sides through a streamer); `itl_p99_vs_sequential_itl_p50` (the goal: at most
-2) and `itl_p99_vs_sequential_itl_p99`; compilations in the server after the engine's
-warm-up (`compiles_during_trace`: the HTTP warm-up requests and both timed traces; the goal
-is 0); the load
-average before and after. Models are `generate_bench`'s random Llamas: `quick` (toy, for the
-test) and `large` (12 layers, hidden 768, 162M parameters with the untied vocabulary of 32000).
+2) and `itl_p99_vs_sequential_itl_p99`; the engine's own step times under each side
+(`steps`, `step_p50_s`, `step_p99_s`: the server's share of the inter-token gaps);
+compilations in the server after the engine's warm-up (`compiles_during_trace`: the HTTP
+warm-up requests and both timed traces; the goal is 0); the load average before and after.
+Models are `generate_bench`'s random Llamas: `quick` (toy, for the test) and `large` (12
+layers, hidden 768, 162M parameters with the untied vocabulary of 32000).
 
-    python models/benchmarks/serve_bench.py [--quick] [--requests=24] [--rate=2.0]
-        [--prefill_chunk=16] [--no_transformers]
+    python models/benchmarks/serve_bench.py [--quick] [--requests=24] [--rate=4.0]
+        [--prefill_chunk=16] [--max_seqs=4] [--max_step_tokens=12] [--no_transformers]
 """
 
 from __future__ import annotations
@@ -48,13 +50,14 @@ import generate_bench  # noqa: E402 - the same random checkpoints and shapes
 
 NAME = "bench"
 # (requests, arrivals per second, prompt lengths, output lengths, max_seqs, max_seq_len,
-# prefill chunk: at 162M a 16-token chunk costs about one weight-bound decoding step, so a
-# step that also prefills is not much longer than one that does not)
+# prefill chunk, step token budget). `large` is the configuration closest to both latency and
+# throughput goals at 162M (README): 4 decoding rows (a 4-row step costs ~1.4x a 1-row step,
+# 8 rows ~2.6x), at most 12 tokens a step, 4 arrivals/s (at 2/s the arrivals cap throughput).
 TRACES = {
     "quick": dict(requests=8, rate=20.0, prompts=(3, 17), outputs=(4, 12), max_seqs=4, ctx=64,
-                  chunk=64),
-    "large": dict(requests=24, rate=2.0, prompts=(8, 96), outputs=(16, 64), max_seqs=8, ctx=256,
-                  chunk=16),
+                  chunk=64, budget=None),
+    "large": dict(requests=24, rate=4.0, prompts=(8, 96), outputs=(16, 64), max_seqs=4, ctx=256,
+                  chunk=16, budget=12),
 }  # fmt: skip
 
 
@@ -146,6 +149,31 @@ def run_trace(url: str, trace: list, *, concurrent_clients: bool) -> dict:
         "itl_p50_s": i50,
         "itl_p99_s": i99,
     }
+
+
+def _client_process() -> concurrent.futures.ProcessPoolExecutor:
+    """One child process to run `run_trace` in: the clients' threads (SSE parsing) do not share
+    the server's GIL, as real clients would not."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    return concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx)
+
+
+def _time_steps(engine) -> list[float]:
+    """Wraps `engine.step` (this instance only) to record each step's wall time; returns the
+    list it appends to."""
+    times: list[float] = []
+    step = engine.step
+
+    def timed():
+        t = time.perf_counter()
+        out = step()
+        times.append(time.perf_counter() - t)
+        return out
+
+    engine.step = timed
+    return times
 
 
 def prompt_bucket(length: int, smallest: int = 16) -> int:
@@ -262,10 +290,11 @@ def _compiles(url: str) -> float:
 
 def measure(quick: bool = False, *, requests: int | None = None, rate: float | None = None,
             transformers_baseline: bool = True, compile_backend: str = "inductor",
-            prefill_chunk: int | None = None) -> dict:  # fmt: skip
+            prefill_chunk: int | None = None, max_seqs: int | None = None,
+            max_step_tokens: int | None = None) -> dict:  # fmt: skip
     """Runs the trace on one shape (`quick`: the toy) and returns the figures
     (`compile_backend`: of the static-cache baseline; the test passes `"eager"`;
-    `prefill_chunk`: the engine's, instead of the trace's)."""
+    `prefill_chunk`, `max_seqs`, `max_step_tokens`: the engine's, instead of the trace's)."""
     import os
 
     from meltemi.models.engine import EngineConfig
@@ -277,6 +306,8 @@ def measure(quick: bool = False, *, requests: int | None = None, rate: float | N
     spec["requests"] = requests or spec["requests"]
     spec["rate"] = rate or spec["rate"]
     spec["chunk"] = prefill_chunk or spec["chunk"]
+    spec["max_seqs"] = max_seqs or spec["max_seqs"]
+    spec["budget"] = max_step_tokens or spec["budget"]
     trace = make_trace(spec["requests"], spec["rate"], spec["prompts"], spec["outputs"],
                        hf_config["vocab_size"])  # fmt: skip
     ctx, max_seqs = spec["ctx"], spec["max_seqs"]
@@ -285,7 +316,8 @@ def measure(quick: bool = False, *, requests: int | None = None, rate: float | N
     page_bytes = 2 * layers * page * heads * hf_config["head_dim"] * 4
     config = EngineConfig(
         kv_bytes=(max_seqs * (ctx // page) + 1) * page_bytes, page_size=page, max_seqs=max_seqs,
-        max_seq_len=ctx, prefill_chunk=spec["chunk"], max_waiting=len(trace),
+        max_seq_len=ctx, prefill_chunk=spec["chunk"], max_step_tokens=spec["budget"],
+        max_waiting=len(trace),
     )  # fmt: skip
     out: dict = {"shape": shape, "trace": {k: v for k, v in spec.items() if k != "ctx"},
                  "load_average_before": round(os.getloadavg()[0], 1)}  # fmt: skip
@@ -301,8 +333,17 @@ def measure(quick: bool = False, *, requests: int | None = None, rate: float | N
                 # Everything after the engine's warm-up counts, the HTTP warm-up included.
                 compiles = _compiles(url)
                 run_trace(url, trace[:2], concurrent_clients=True)  # warm the HTTP path
-                out["concurrent"] = run_trace(url, trace, concurrent_clients=True)
-                out["sequential"] = run_trace(url, trace, concurrent_clients=False)
+                steps = _time_steps(runner.engine)
+                with _client_process() as clients:
+                    clients.submit(len, ()).result()  # started before the timed traces
+                    for side, together in (("concurrent", True), ("sequential", False)):
+                        steps.clear()
+                        out[side] = clients.submit(
+                            run_trace, url, trace, concurrent_clients=together
+                        ).result()
+                        # The engine's own step times (the server side of the gaps).
+                        p50, p99 = _percentiles(steps)
+                        out[side].update(steps=len(steps), step_p50_s=p50, step_p99_s=p99)
                 out["compiles_during_trace"] = _compiles(url) - compiles
         finally:
             runner.stop()
@@ -350,11 +391,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no_transformers", action="store_true", help="skip the transformers side")
     p.add_argument("--compile_backend", default="inductor", help="of the static-cache side")
     p.add_argument("--prefill_chunk", type=int, default=None, help="the engine's prefill chunk")
+    p.add_argument("--max_seqs", type=int, default=None, help="the engine's decoding slots")
+    p.add_argument("--max_step_tokens", type=int, default=None, help="the engine's step budget")
     args = p.parse_args(argv)
     result = measure(
         args.quick, requests=args.requests, rate=args.rate,
         transformers_baseline=not args.no_transformers, compile_backend=args.compile_backend,
-        prefill_chunk=args.prefill_chunk,
+        prefill_chunk=args.prefill_chunk, max_seqs=args.max_seqs,
+        max_step_tokens=args.max_step_tokens,
     )  # fmt: skip
     print(json.dumps(result, indent=2))
     return 0

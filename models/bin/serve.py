@@ -37,6 +37,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max_seqs", type=int, default=8, help="decoding slots (the decode batch)")
     p.add_argument("--max_seq_len", type=int, default=None, help="context (default: the model's)")
     p.add_argument("--prefill_chunk", type=int, default=64, help="prompt tokens per prefill step")
+    p.add_argument(
+        "--max_step_tokens", type=int, default=None, help="token budget of one step: decoding "
+        "rows first, the prompt chunk takes the rest (default: a full chunk beside any batch)"
+    )  # fmt: skip
     p.add_argument("--max_waiting", type=int, default=64, help="queued requests before 429s")
     p.add_argument("--max_logprobs", type=int, default=5, help="largest logprobs a request may ask")
     p.add_argument("--cache_dtype", choices=("float32", "bfloat16"), default=None)
@@ -62,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             max_seqs=args.max_seqs,
             max_seq_len=args.max_seq_len,
             prefill_chunk=args.prefill_chunk,
+            max_step_tokens=args.max_step_tokens,
             max_logprobs=args.max_logprobs,
             cache_dtype=args.cache_dtype,
             max_waiting=args.max_waiting,

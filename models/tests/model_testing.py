@@ -49,3 +49,19 @@ def store_tied_head(directory, changed_row: int | None = None) -> None:
     for f in [*directory.glob("*.safetensors"), directory / "model.safetensors.index.json"]:
         f.unlink(missing_ok=True)
     save_file(tensors, str(directory / "model.safetensors"))
+
+
+def count_compiles(fn) -> int:
+    """How many XLA programs `fn()` compiles (backend compiles, whatever their source)."""
+    count = [0]
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            count[0] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        fn()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    return count[0]

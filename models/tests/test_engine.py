@@ -43,21 +43,6 @@ def _tokens(engine, ids):
     return [out[i] for i in ids]
 
 
-def _compiles(fn) -> int:
-    count = [0]
-
-    def listener(event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            count[0] += 1
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        fn()
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-    return count[0]
-
-
 # -- greedy parity ----------------------------------------------------------------------------
 
 
@@ -397,8 +382,8 @@ def test_warmup_compiles_every_bucket_once(fresh_model):
     # batch buckets 1, 2, 4 x page buckets 1, 2, 4, 8, 16, three times: the decoding step of 1
     # and of 4 steps, the mixed step (decoding rows and a prompt chunk).
     assert engine.num_programs == 3 * 3 * 5
-    assert _compiles(engine.warmup) == engine.num_programs
-    assert _compiles(engine.warmup) == 0
+    assert T.count_compiles(engine.warmup) == engine.num_programs
+    assert T.count_compiles(engine.warmup) == 0
 
 
 def _mixed_load(engine, rng):
@@ -431,7 +416,7 @@ def test_steady_serving_compiles_nothing(fresh_model, decode_steps):
     engine = Engine(fresh_model, dataclasses.replace(CONFIG, decode_steps=decode_steps))
     engine.warmup()
     rng = np.random.default_rng(0)
-    assert _compiles(lambda: _mixed_load(engine, rng)) == 0
+    assert T.count_compiles(lambda: _mixed_load(engine, rng)) == 0
 
 
 def test_update_weights_changes_outputs_without_recompiling(model):
@@ -444,7 +429,7 @@ def test_update_weights_changes_outputs_without_recompiling(model):
         return _tokens(engine, [engine.submit(Request(PROMPTS[0], 10, stop_ids=()))])[0]
 
     after = []
-    assert _compiles(lambda: after.append(update_and_run())) == 0
+    assert T.count_compiles(lambda: after.append(update_and_run())) == 0
     assert after[0] != before
     assert after[0][0] == mm.generate(new, [PROMPTS[0]], max_new_tokens=10, eos_token_id=None)[0]
 

@@ -98,22 +98,6 @@ def test_empty_prompt_is_rejected():
 # -- one compiled program ------------------------------------------------------------------
 
 
-def _compiles(fn) -> int:
-    """How many XLA programs `fn()` compiles (backend compiles, whatever their source)."""
-    count = [0]
-
-    def listener(event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            count[0] += 1
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        fn()
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-    return count[0]
-
-
 def test_many_prompt_lengths_and_budgets_share_a_handful_of_compiles():
     # One layer: the number of programs does not depend on the depth, the compile time does.
     cfg = mm.get_preset("tiny-llama").replace(max_seq_len=128, num_layers=1)
@@ -127,8 +111,8 @@ def test_many_prompt_lengths_and_budgets_share_a_handful_of_compiles():
 
     # buckets: prompt 16/32 x budget 16 x batch 1/2/4 (3 rows pad to 4) = 6 programs, plus
     # one for the model's decoding copy (made once per model, `_decoding_model`)
-    assert _compiles(sweep) <= 6 + 1
-    assert _compiles(sweep) == 0  # the second sweep is all cache hits
+    assert T.count_compiles(sweep) <= 6 + 1
+    assert T.count_compiles(sweep) == 0  # the second sweep is all cache hits
 
 
 def test_bucketed_output_equals_the_unpadded_recomputation():

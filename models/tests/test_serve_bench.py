@@ -21,7 +21,8 @@ def test_quick_mode_reports_every_side_and_the_ratios():
     trace = serve_bench.make_trace(8, 20.0, (3, 17), (4, 12), 211)
     expected_tokens = sum(t for _, _, t in trace)
     for side in ("concurrent", "sequential"):
-        assert set(out[side]) == SIDE_KEYS
+        assert set(out[side]) == SIDE_KEYS | {"steps", "step_p50_s", "step_p99_s"}
+        assert 0 < out[side]["step_p50_s"] <= out[side]["step_p99_s"]
         # ignore_eos: every request yields exactly its max_tokens.
         assert out[side]["output_tokens"] == expected_tokens
     for side in ("transformers_eager_sequential", "transformers_static_compile_sequential"):

@@ -35,15 +35,23 @@ class EngineConfig:
     The KV pool holds `kv_bytes // page_bytes` pages, `page_bytes = 2 (k, v) * layers *
     page_size * kv_heads * head_size * dtype size`; page 0 is reserved (padding tokens write
     there), the rest are handed out. Two programs serve everything: a decoding step of up to
-    `max_seqs` rows, and the same with a prompt chunk of `prefill_chunk` tokens beside them.
+    `max_seqs` rows, and the same with a prompt chunk beside them, whose length the step's
+    token budget sets (`max_step_tokens`).
 
     Attributes:
         kv_bytes: byte budget of the KV pool (all layers, keys and values).
         page_size: tokens per page.
         max_seqs: decoding slots (the decode batch); a request with `n` samples takes `n`.
         max_seq_len: prompt + generated tokens bound per sequence (default: the model's).
-        prefill_chunk: prompt tokens prefilled per step (longer prompts take several steps,
-            interleaved with the decoding steps of the running sequences).
+        prefill_chunk: most prompt tokens prefilled per step (longer prompts take several
+            steps, interleaved with the decoding steps of the running sequences).
+        max_step_tokens: token budget of one step (vLLM's `max_num_batched_tokens` with
+            chunked prefill): the decoding rows, padded to their batch bucket `b`, come first,
+            and a step's prompt chunk takes what is left, `min(prefill_chunk,
+            max_step_tokens - b)` tokens. So no step costs more than `max_step_tokens` rows
+            through the model, and the mixed program stays one per batch bucket. At least
+            `max_seqs + 1` (every step moves a prefill by at least one token); `None`:
+            `max_seqs + prefill_chunk` (a full chunk at every batch size).
         max_logprobs: most top alternatives a request may ask for (`Request.logprobs`).
         cache_dtype: `"float32"` or `"bfloat16"` (default: the model's embedding dtype).
         attention_backend: `"auto"` or `"reference"` (plain JAX gather through the page
@@ -56,6 +64,9 @@ class EngineConfig:
 
     >>> EngineConfig(kv_bytes=1 << 20, page_size=8).max_seqs
     8
+    >>> budgeted = EngineConfig(kv_bytes=1 << 20, prefill_chunk=16, max_step_tokens=12)
+    >>> [budgeted.chunk(rows) for rows in (1, 2, 4, 8)]  # rows: the decoding batch bucket
+    [11, 10, 8, 4]
     """
 
     kv_bytes: int
@@ -63,6 +74,7 @@ class EngineConfig:
     max_seqs: int = 8
     max_seq_len: int | None = None
     prefill_chunk: int = 64
+    max_step_tokens: int | None = None
     max_logprobs: int = 5
     cache_dtype: str | None = None
     attention_backend: str = "auto"
@@ -75,6 +87,14 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise EngineError(f"EngineConfig.{name}={value!r}: must be an int >= 1")
+        budget = self.max_step_tokens
+        if budget is not None and (not isinstance(budget, int) or budget <= self.max_seqs):
+            raise EngineError(
+                f"EngineConfig.max_step_tokens={budget!r}: must be an int >= max_seqs + 1 = "
+                f"{self.max_seqs + 1} (the decoding rows, up to max_seqs={self.max_seqs}, plus "
+                f"at least one prompt token, so a prefill always moves). Fix: "
+                f"max_step_tokens>={self.max_seqs + 1}, or None for max_seqs + prefill_chunk"
+            )
         if self.max_seq_len is not None and self.max_seq_len < 2:
             raise EngineError(
                 f"EngineConfig.max_seq_len={self.max_seq_len!r}: must be >= 2 (or None for "
@@ -89,6 +109,12 @@ class EngineConfig:
             )
         if self.max_waiting is not None and self.max_waiting < 0:
             raise EngineError(f"EngineConfig.max_waiting={self.max_waiting!r}: must be >= 0")
+
+    def chunk(self, rows: int) -> int:
+        """Prompt tokens a step with `rows` decoding rows (a batch bucket) prefills at most."""
+        if self.max_step_tokens is None:
+            return self.prefill_chunk
+        return max(1, min(self.prefill_chunk, self.max_step_tokens - rows))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,11 +4,14 @@ Each `step()` (1) admits queued requests, first come first served, while slots a
 last; (2) runs one decoding step over every sample that is generating (packed into a batch
 padded to a power of two, attending over the pages in use, padded to a power of two: one
 compiled program per batch bucket x page bucket, all compiled by `warmup`), and in the same
-compiled call (3) prefills one chunk of `prefill_chunk` prompt tokens of the oldest admitted
-request (a "mixed" step: the decoding rows and the chunk's tokens share every weight read; a
-long prompt takes several steps, so it never stalls the running sequences for more than one
-chunk). When a prompt's last chunk is in, its `n` samples draw their first tokens in that
-step and start decoding at the next.
+compiled call (3) prefills one chunk of the oldest admitted prompt (a "mixed" step: the
+decoding rows and the chunk's tokens share every weight read; a long prompt takes several
+steps, so it never stalls the running sequences for more than one chunk). The chunk takes
+what the step's token budget leaves after the decoding rows (`EngineConfig.max_step_tokens`,
+Sarathi-Serve's stall-free batching): one chunk length per batch bucket, so the mixed step
+stays one program per batch bucket x page bucket, and a step costs at most the budget.
+When a prompt's last chunk is in, its `n` samples draw their first tokens in that step and
+start decoding at the next.
 
 Pages are planned at admission: a request holds, for sample 0, the pages of its prompt plus
 `max_tokens - 1` positions, and for each further sample the same minus the prompt's full
@@ -403,10 +406,11 @@ class Engine:
         size = _bucket(len(entries), cfg.max_seqs)
         tokens, positions, valid, _, last = self._decode_rows(size, 1, entries)
         start = live.prefilled
-        part = live.prompt[start : start + cfg.prefill_chunk]
-        chunk = np.zeros(cfg.prefill_chunk, np.int32)
-        chunk_pos = np.zeros(cfg.prefill_chunk, np.int32)
-        chunk_valid = np.zeros(cfg.prefill_chunk, bool)
+        width = cfg.chunk(size)  # the step's token budget left after the decoding rows
+        part = live.prompt[start : start + width]
+        chunk = np.zeros(width, np.int32)
+        chunk_pos = np.zeros(width, np.int32)
+        chunk_valid = np.zeros(width, bool)
         chunk[: part.size] = part
         chunk_pos[: part.size] = np.arange(start, start + part.size)
         chunk_valid[: part.size] = True
@@ -495,9 +499,9 @@ class Engine:
         `decode_steps` steps) and the mixed step (decoding rows and a prompt chunk) at each
         batch bucket x page bucket; `num_programs` of them."""
         cfg, run = self.config, self._programs
-        chunk = np.zeros(cfg.prefill_chunk, np.int32)
         mixed_rows = self._rows([None] * cfg.max_seqs)
         for size in buckets(cfg.max_seqs):
+            chunk = np.zeros(cfg.chunk(size), np.int32)
             rows = self._rows([None] * size)
             zeros = np.zeros(size, np.int32)
             idle = np.zeros(size, bool)
@@ -513,7 +517,7 @@ class Engine:
                     self._pools,
                     np.concatenate([zeros, chunk]),
                     np.concatenate([zeros, chunk]),
-                    np.zeros(size + cfg.prefill_chunk, bool),
+                    np.zeros(size + chunk.size, bool),
                     table,
                     table[:1],
                     np.int32(0),
