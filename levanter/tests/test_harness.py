@@ -134,6 +134,29 @@ def test_errors_name_the_fix(tmp_path, ours):
         run_tasks(ours, ["meltemi_tiny_mcc"])
 
 
+def test_the_task_index_is_built_once_per_process(ours, monkeypatch):
+    # Indexing lm-eval's built-in task files takes 12-30 s; a training run asks at every
+    # harness step, so every call after the first reuses the index. (The cache is not cleared
+    # here: the other tests' full index stays built. An earlier test may have built ours.)
+    import lm_eval.tasks
+
+    from meltemi.levanter.harness import _run
+
+    built = []
+
+    class Counting(lm_eval.tasks.TaskManager):
+        def __init__(self, *args, **kwargs):
+            built.append(kwargs.get("include_defaults"))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", Counting)
+    first = run_tasks(ours, [TASK], limit=2)
+    second = run_tasks(ours, [TASK], limit=2)
+    assert _run.task_manager((), [TASK]) is _run.task_manager((), [TASK])
+    assert built in ([], [False])  # at most once, and our tasks only: no built-ins indexed
+    assert harness_metrics(first) == harness_metrics(second)
+
+
 def test_the_binary_prints_the_table_and_writes_harness_json(hf_dir, tmp_path):
     out = tmp_path / "harness.json"
     env = _subprocess.env()
