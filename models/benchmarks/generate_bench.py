@@ -121,6 +121,14 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t
 
 
+def _best(repeats: int, fn: Callable, *args) -> float:
+    """Seconds of the fastest of `repeats` calls of a jitted `fn(*args)`, after a warm-up."""
+    import jax
+
+    jax.block_until_ready(fn(*args))
+    return min(_timed(lambda: jax.block_until_ready(fn(*args))) for _ in range(repeats))
+
+
 def _sig(x: float) -> float:
     """`x` to 4 significant digits."""
     return float(f"{x:.4g}")
@@ -139,17 +147,13 @@ def machine_roofline(buffer_bytes: int, matmul_size: int, repeats: int = 9) -> d
     import jax
     import jax.numpy as jnp
 
-    def best(fn, *args) -> float:
-        jax.block_until_ready(fn(*args))
-        return min(_timed(lambda: jax.block_until_ready(fn(*args))) for _ in range(repeats))
-
     buffer = jnp.ones(buffer_bytes // 4, jnp.float32)
-    read = best(jax.jit(jnp.sum), buffer)
+    read = _best(repeats, jax.jit(jnp.sum), buffer)
     del buffer
     weight = jnp.ones((buffer_bytes // 8 // 1024, 1024), jnp.float32)
-    matvec = best(jax.jit(jnp.matmul), weight, jnp.ones(1024, jnp.float32))
+    matvec = _best(repeats, jax.jit(jnp.matmul), weight, jnp.ones(1024, jnp.float32))
     a = jnp.ones((matmul_size, matmul_size), jnp.float32)
-    mm_s = best(jax.jit(jnp.matmul), a, a)
+    mm_s = _best(repeats, jax.jit(jnp.matmul), a, a)
     return {
         "read_bandwidth_gb_s": round(buffer_bytes / read / 1e9, 2),
         "matmul_peak_gflop_s": round(2 * matmul_size**3 / mm_s / 1e9, 1),
@@ -295,11 +299,7 @@ def measure_shape(
     paired_sum = jax.jit(jnp.sum)
 
     def paired_probe() -> float:
-        jax.block_until_ready(paired_sum(paired_buffer))
-        best = min(
-            _timed(lambda: jax.block_until_ready(paired_sum(paired_buffer))) for _ in range(3)
-        )
-        return paired_buffer.nbytes / best
+        return paired_buffer.nbytes / _best(3, paired_sum, paired_buffer)
 
     context = PROMPT_LEN + new_tokens
     page = 16
@@ -421,31 +421,22 @@ def measure_shape(
     out.update(roof)
     for batch, times in timed.items():
         b = f"_bs{batch}"
-        bound = roofline_seconds(
+        bound_at = functools.partial(
+            roofline_seconds,
             weight_bytes=out["weight_bytes_per_token"],
             flops=out["flops_per_token"],
             batch=batch,
             prompt_len=PROMPT_LEN,
             new_tokens=new_tokens,
-            bandwidth=roof["read_bandwidth_gb_s"] * 1e9,
             peak=roof["matmul_peak_gflop_s"] * 1e9,
         )
+        bound = bound_at(bandwidth=roof["read_bandwidth_gb_s"] * 1e9)
         out[f"roofline_tokens_per_s{b}"] = _sig(batch * new_tokens / bound)
         for side in times:
             out[f"roofline_fraction_{side}{b}"] = _sig(bound / float(np.median(times[side])))
             # Paired: each call against the bound at the bandwidth probed just before it.
             fractions = [
-                roofline_seconds(
-                    weight_bytes=out["weight_bytes_per_token"],
-                    flops=out["flops_per_token"],
-                    batch=batch,
-                    prompt_len=PROMPT_LEN,
-                    new_tokens=new_tokens,
-                    bandwidth=bw,
-                    peak=roof["matmul_peak_gflop_s"] * 1e9,
-                )
-                / t
-                for bw, t in zip(paired[batch][side], times[side])
+                bound_at(bandwidth=bw) / t for bw, t in zip(paired[batch][side], times[side])
             ]
             q1, median, q3 = _quartiles(fractions)
             out[f"roofline_fraction_paired_{side}{b}"] = _sig(median)

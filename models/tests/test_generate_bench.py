@@ -91,6 +91,19 @@ def test_roofline_fraction_is_tokens_per_s_over_the_bound(quick):
         assert quick[f"roofline_fraction_generate{b}"] == shape[f"roofline_fraction_generate{b}"]
 
 
+def _bound(shape: dict, batch: int, bandwidth_gb_s: float) -> float:
+    """`roofline_seconds` of a call of the quick shape at `batch` and that read bandwidth."""
+    return generate_bench.roofline_seconds(
+        weight_bytes=shape["weight_bytes_per_token"],
+        flops=shape["flops_per_token"],
+        batch=batch,
+        prompt_len=generate_bench.PROMPT_LEN,
+        new_tokens=shape["new_tokens"],
+        bandwidth=bandwidth_gb_s * 1e9,
+        peak=shape["matmul_peak_gflop_s"] * 1e9,
+    )
+
+
 def test_the_bound_uses_the_fastest_of_the_runs_probes(quick):
     # One probe before the timed rounds and one after each batch's: the bound takes the
     # fastest read (a single probe varied 28-43 GB/s between quiet runs).
@@ -101,15 +114,7 @@ def test_the_bound_uses_the_fastest_of_the_runs_probes(quick):
     assert shape["read_bandwidth_gb_s"] == max(reads)
     assert shape["matvec_read_gb_s"] == max(shape["matvec_read_gb_s_probes"]) > 0
     for batch in generate_bench.BATCHES:
-        bound = generate_bench.roofline_seconds(
-            weight_bytes=shape["weight_bytes_per_token"],
-            flops=shape["flops_per_token"],
-            batch=batch,
-            prompt_len=generate_bench.PROMPT_LEN,
-            new_tokens=shape["new_tokens"],
-            bandwidth=max(reads) * 1e9,
-            peak=shape["matmul_peak_gflop_s"] * 1e9,
-        )
+        bound = _bound(shape, batch, max(reads))
         assert shape[f"roofline_tokens_per_s_bs{batch}"] == pytest.approx(
             batch * shape["new_tokens"] / bound, rel=5e-4
         )
@@ -124,16 +129,7 @@ def test_paired_fraction_takes_each_call_against_the_bandwidth_probed_before_it(
     for batch in generate_bench.BATCHES:
         b = f"_bs{batch}"
         for side in sides:
-            bandwidth = shape[f"read_bandwidth_gb_s_paired_{side}{b}"]
-            bound = generate_bench.roofline_seconds(
-                weight_bytes=shape["weight_bytes_per_token"],
-                flops=shape["flops_per_token"],
-                batch=batch,
-                prompt_len=generate_bench.PROMPT_LEN,
-                new_tokens=shape["new_tokens"],
-                bandwidth=bandwidth * 1e9,
-                peak=shape["matmul_peak_gflop_s"] * 1e9,
-            )
+            bound = _bound(shape, batch, shape[f"read_bandwidth_gb_s_paired_{side}{b}"])
             seconds = batch * shape["new_tokens"] / shape[f"{side}_tokens_per_s{b}"]
             paired = shape[f"roofline_fraction_paired_{side}{b}"]
             # tokens/s rounded to 0.1, bandwidth and fraction to 4 significant digits

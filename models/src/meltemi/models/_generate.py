@@ -118,13 +118,13 @@ def _weights_out_first(model: Transformer) -> Transformer:
     def fix(layer):
         if not isinstance(layer, hnn.Linear):
             return layer
-        if native and layer.weight.dtype == jnp.float32:
-            if isinstance(layer.dot_general, DefaultDotGeneralOp):
-                return _native.PackedLinear.from_linear(layer)
+        default_product = isinstance(layer.dot_general, DefaultDotGeneralOp)
+        if native and default_product and layer.weight.dtype == jnp.float32:
+            return _native.PackedLinear.from_linear(layer)
         names = [a.name for a in hax.concat_axes(layer.Out, layer.In)]
         if [a.name for a in layer.weight.axes] != names:  # else keep the array (no copy)
             layer = eqx.tree_at(lambda m: m.weight, layer, layer.weight.rearrange(names))
-        if not isinstance(layer.dot_general, DefaultDotGeneralOp):
+        if not default_product:
             return layer  # a quantized or otherwise custom product keeps its own
         return eqx.tree_at(lambda m: m.dot_general, layer, _WeightFirstDot())
 

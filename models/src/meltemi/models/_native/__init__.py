@@ -29,9 +29,9 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import meltemi.haliax as hax
+from meltemi.haliax.util import ensure_tuple
 
 logger = logging.getLogger(__name__)
 
@@ -160,10 +160,6 @@ def small_matmul(x: jax.Array, packed: jax.Array, n: int) -> jax.Array:
     return out if out.shape[1] == n else out[:, :n]
 
 
-def _as_tuple(axes: Any) -> tuple:
-    return tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
-
-
 class PackedLinear(eqx.Module):
     """A float32 `haliax.nn.Linear` for decoding on the CPU: the same `In`/`Out` axes and
     result, the weight in `pack`'s panel layout (its reparameterisation scale folded in) and
@@ -177,21 +173,18 @@ class PackedLinear(eqx.Module):
 
     @staticmethod
     def from_linear(layer: Any) -> PackedLinear:
-        ins, outs = _as_tuple(layer.In), _as_tuple(layer.Out)
-        weight = layer.weight.rearrange([a.name for a in (*outs, *ins)]).array
-        weight = weight.reshape(int(np.prod([a.size for a in outs])), -1)
+        names = [a.name for a in hax.concat_axes(layer.Out, layer.In)]
+        weight = layer.weight.rearrange(names).array.reshape(hax.axis_size(layer.Out), -1)
         scale = layer.reparam.active_scale
         if scale != 1:
             weight = weight * scale
         return PackedLinear(pack(weight), layer.bias, layer.In, layer.Out)
 
     def __call__(self, inputs: hax.NamedArray, *, key: jax.Array | None = None) -> hax.NamedArray:
-        ins, outs = _as_tuple(self.In), _as_tuple(self.Out)
+        ins, outs = ensure_tuple(self.In), ensure_tuple(self.Out)
         names = {a.name for a in ins}
         rest = [a for a in inputs.axes if a.name not in names]
         x = inputs.rearrange([a.name for a in (*rest, *ins)]).array
-        rows = int(np.prod([a.size for a in rest]))
-        n = int(np.prod([a.size for a in outs]))
-        y = small_matmul(x.reshape(rows, -1), self.packed, n)
+        y = small_matmul(x.reshape(-1, hax.axis_size(ins)), self.packed, hax.axis_size(outs))
         out = hax.named(y.reshape(*(a.size for a in rest), *(a.size for a in outs)), (*rest, *outs))
         return out if self.bias is None else out + self.bias
