@@ -28,8 +28,9 @@ ratio; the top-level keys of that name are the largest shape's. The greedy
 tokens of all three are compared.
 
 The engine (`meltemi.models.engine`) runs the same prompts as a side of its own
-(`engine_steps{k}`: `decode_steps=k`, `max_seqs` = the batch, prompts prefilled in one chunk each),
-timed in the same rounds; `greedy_tokens_equal_engine_steps{k}` compares its tokens with ours.
+(`engine_steps{k}`: `decode_steps=k`, `max_seqs` = the batch, all prompts prefilled in one
+chunk, as `generate` prefills them in one pass), timed in the same rounds;
+`greedy_tokens_equal_engine_steps{k}` compares its tokens with ours.
 
 Roofline, measured in the same run before each shape's timed rounds and again after each batch's
 (`read_bandwidth_gb_s_probes`, with `probe_load_averages`), each figure the best over those
@@ -342,7 +343,8 @@ def measure_shape(
                     page_size=page,
                     max_seqs=batch,
                     max_seq_len=context,
-                    prefill_chunk=PROMPT_LEN,
+                    prefill_chunk=batch * PROMPT_LEN,
+                    max_prefills=batch,
                     decode_steps=k,
                 ),
             )

@@ -1,6 +1,7 @@
 """The engine's per-step token budget (`EngineConfig.max_step_tokens`): no step exceeds it,
 the tokens are those of the unbudgeted engine, prefill still moves under a full decoding
-batch, every shape is compiled by `warmup`, and a bad budget is refused naming the field."""
+batch, every shape is compiled by `warmup`, and a bad budget is refused naming the field.
+Several prompts share a step's chunk (`EngineConfig.max_prefills`) with the same tokens."""
 
 import dataclasses
 
@@ -130,6 +131,36 @@ def test_prefill_moves_under_a_full_decoding_batch(model):
     steps = [[e.request_id for e in engine.step()] for _ in range(7)]
     assert steps == [running] * 6 + [[*running, late]]  # one token per step, none stalled
     assert calls[-7:] == [("mixed", 5)] * 7
+
+
+def test_one_prompt_per_chunk_gives_the_same_tokens_and_logprobs(model, runs):
+    single = _scripted_load(Engine(model, dataclasses.replace(FULL, max_prefills=1)))
+    assert single.keys() == runs["full"].keys()
+    for key, events in runs["full"].items():
+        mine = single[key]
+        if key[0] == CANCELLED:
+            n = min(len(mine), len(events))
+            mine, events = mine[:n], events[:n]
+        assert [t for t, _ in mine] == [t for t, _ in events], key
+        np.testing.assert_allclose([lp for _, lp in mine], [lp for _, lp in events], atol=1e-5)
+
+
+@pytest.mark.parametrize("max_prefills, first_step", [(4, [0, 1, 1, 2]), (2, [0, 1, 1]), (1, [0])])
+def test_a_burst_of_prompts_is_prefilled_in_one_step(model, max_prefills, first_step):
+    """The chunk (8 tokens) takes the queued prompts in order, up to `max_prefills`: with 4,
+    all three prompts (3 + 4 + 1 tokens, the second with 2 samples sharing its partial page)
+    draw their first tokens in the first step. Tokens equal `generate`'s for every sample."""
+    prompts, ns = [[3, 17, 29], [5, 60, 7, 9], [8]], [1, 2, 1]
+    engine = Engine(model, dataclasses.replace(FULL, max_prefills=max_prefills))
+    ids = [engine.submit(Request(p, 6, n=n, stop_ids=())) for p, n in zip(prompts, ns)]
+    first = engine.step()
+    assert [e.request_id for e in first] == [ids[i] for i in first_step]
+    out = engine.run_until_done()
+    for e in first:
+        out[e.request_id][e.sample].insert(0, e.token)
+    want = mm.generate(model, prompts, max_new_tokens=6, eos_token_id=None)
+    for rid, n, tokens in zip(ids, ns, want, strict=True):
+        assert out[rid] == [tokens] * n
 
 
 def test_invalid_budget_is_refused_naming_the_field():

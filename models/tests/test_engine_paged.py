@@ -23,8 +23,8 @@ PAGES_PER_SEQ = 6
 
 
 @eqx.filter_jit
-def _paged(model, pools, tokens, positions, valid, table):
-    return F.paged_logits(model, pools, tokens, positions, valid, table, "reference")
+def _paged(model, pools, tokens, positions, valid, table, backend):
+    return F.paged_logits(model, pools, tokens, positions, valid, table, backend)
 
 
 @eqx.filter_jit
@@ -53,7 +53,7 @@ def _dense(model, prompt, nxt):
     return logits.rearrange(order).array[0], step.rearrange(order).array[0, 0]
 
 
-def _run_paged(model, prompts, tables, starts, phases):
+def _run_paged(model, prompts, tables, starts, phases, backend="reference"):
     """Prefills `prompts[b][starts[b]:]` in chunks of CHUNK, the rows of each phase together
     (a row reading another's prefix comes in a later phase), then decodes one token of every
     row in one batch; returns each row's prefill logits (from `starts[b]`) and decode logits."""
@@ -74,17 +74,20 @@ def _run_paged(model, prompts, tables, starts, phases):
                 tokens[r, : len(part)] = part
                 positions[r, : len(part)] = np.arange(s, s + len(part))
                 valid[r, : len(part)] = True
-            logits, pools = _paged(model, pools, tokens, positions, valid, table[rows])
+            logits, pools = _paged(model, pools, tokens, positions, valid, table[rows], backend)
             for r, b in enumerate(rows):
                 got[b].extend(np.asarray(logits[r])[valid[r]])
     tokens = np.ones((len(prompts), 1), np.int32)
     positions = np.array([[len(p)] for p in prompts], np.int32)
-    step, _ = _paged(model, pools, tokens, positions, np.ones((len(prompts), 1), bool), table)
+    step, _ = _paged(
+        model, pools, tokens, positions, np.ones((len(prompts), 1), bool), table, backend
+    )
     return [np.stack(g) for g in got], np.asarray(step[:, 0])
 
 
+@pytest.mark.parametrize("backend", ["reference", "native"])
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3", "tiny-gemma2"])
-def test_paged_logits_equal_dense_cache_with_shared_prefix(preset):
+def test_paged_logits_equal_dense_cache_with_shared_prefix(preset, backend):
     # gemma2: sliding window 5, local/global layers, soft caps; qwen3: QK-norm.
     cfg = mm.get_preset(preset).replace(max_seq_len=32)
     model = F.prepare(T.random_model(cfg, seed=2))
@@ -94,7 +97,7 @@ def test_paged_logits_equal_dense_cache_with_shared_prefix(preset):
     c = rng.integers(1, cfg.vocab_size, 3).tolist()
     # Page ids out of order, b reads a's pages 0-1 and writes only from position 8 on.
     tables = [[7, 2, 11, 5, 9], [7, 2, 3, 14, 20], [16]]
-    prefill, step = _run_paged(model, [a, b, c], tables, [0, 8, 0], phases=[[0, 2], [1]])
+    prefill, step = _run_paged(model, [a, b, c], tables, [0, 8, 0], [[0, 2], [1]], backend)
     for row, (p, s) in enumerate(zip([a, b, c], [0, 8, 0])):
         dense_prefill, dense_step = _dense(
             model, np.asarray([p], np.int32), np.ones((1, 1), np.int32)

@@ -80,7 +80,7 @@ def test_off_by_environment_and_without_a_compiler(monkeypatch, tmp_path, caplog
     monkeypatch.setenv("CXX", "false")  # a "compiler" that fails
     with caplog.at_level(logging.WARNING, logger=_native.__name__):
         assert _native.available.__wrapped__() is False
-    assert "building the native decoding matmul with false failed" in caplog.text
+    assert "building the native decoding kernels with false failed" in caplog.text
     assert "keeps XLA's product" in caplog.text
     assert not list(tmp_path.iterdir())  # no half-written library left behind
 

@@ -1,16 +1,18 @@
-"""A native float32 product for decoding steps on the CPU: `small_matmul.cc` through the XLA FFI.
+"""Native float32 kernels for decoding on the CPU, called through the XLA FFI.
 
-A decoding step multiplies a few rows by every weight, so it is bound by reading the weights;
-XLA:CPU's dot reads them well below the machine's bandwidth at 1-8 rows (see the `.cc` file).
-`PackedLinear` holds a `Linear`'s weight in the kernel's panel layout and multiplies with it
-(decoding steps and prefill chunks alike).
+* `small_matmul.cc`: a decoding step multiplies a few rows by every weight, so it is bound by
+  reading the weights; XLA:CPU's dot reads them well below the machine's bandwidth at 1-8 rows
+  (see the `.cc` file). `PackedLinear` holds a `Linear`'s weight in the kernel's panel layout
+  and multiplies with it (decoding steps and prefill chunks alike).
+* `paged_attention.cc`: the engine's attention read through its page table in place (no
+  gathered copy of the pages; `paged_attention`).
 
-The kernel is compiled on first use with the system's C++ compiler (`$CXX`, else `g++`,
-`c++`, `clang++`) for this machine (`-march=native`) into a cache keyed by the source, the
-compiler, the CPU's flags and the JAX version (`$MELTEMI_KERNEL_CACHE`, else
+Both are compiled on first use into one library with the system's C++ compiler (`$CXX`, else
+`g++`, `c++`, `clang++`) for this machine (`-march=native`), into a cache keyed by the
+sources, the compiler, the CPU's flags and the JAX version (`$MELTEMI_KERNEL_CACHE`, else
 `$XDG_CACHE_HOME/meltemi/kernels`, else `~/.cache/meltemi/kernels`); a few seconds, once.
 Without a compiler, on another backend, or with `MELTEMI_NATIVE_MATMUL=0`, `available()` is
-False and decoding keeps XLA's product (the reason is logged once).
+False and decoding keeps XLA (the reason is logged once).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import meltemi.haliax as hax
 from meltemi.haliax.util import ensure_tuple
@@ -38,7 +41,10 @@ logger = logging.getLogger(__name__)
 LANES = 16
 """Output columns per weight panel (`packed[N / LANES, K, LANES]`)."""
 TARGET = "meltemi_small_matmul"
-_SOURCE = pathlib.Path(__file__).with_name("small_matmul.cc")
+ATTENTION_TARGET = "meltemi_paged_attention"
+_SOURCES = tuple(
+    pathlib.Path(__file__).with_name(name) for name in ("small_matmul.cc", "paged_attention.cc")
+)
 
 
 def _cache_dir() -> pathlib.Path:
@@ -75,26 +81,26 @@ def _check_private(path: pathlib.Path) -> None:
 
 
 def _compile(compiler: str) -> pathlib.Path:
-    """The kernel's shared library, compiled into the cache unless already there."""
+    """The kernels' shared library, compiled into the cache unless already there."""
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, check=True, timeout=60
     ).stdout
-    source = _SOURCE.read_bytes()
+    sources = [path.read_bytes() for path in _SOURCES]
     key = hashlib.sha256(
         b"\0".join(
             s.encode() if isinstance(s, str) else s
-            for s in (source, version, _cpu_flags(), jax.__version__)
+            for s in (*sources, version, _cpu_flags(), jax.__version__)
         )  # fmt: skip
     ).hexdigest()[:16]
     cache = _cache_dir()
     cache.mkdir(mode=0o700, parents=True, exist_ok=True)
     _check_private(cache)
-    library = cache / f"small_matmul-{key}.so"
+    library = cache / f"kernels-{key}.so"
     if library.exists():
         _check_private(library)
         return library
-    command = [compiler, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w"]
-    command += ["-I", jax.ffi.include_dir(), str(_SOURCE)]
+    command = [compiler, "-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared"]
+    command += ["-fPIC", "-w", "-I", jax.ffi.include_dir(), *map(str, _SOURCES)]
     with tempfile.NamedTemporaryFile(dir=cache, suffix=".so", delete=False) as tmp:
         out = pathlib.Path(tmp.name)
     try:
@@ -128,14 +134,17 @@ def available() -> bool:
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", b"") or b""
         logger.warning(
-            "building the native decoding matmul with %s failed (%s%s): decoding keeps XLA's "
-            "product",
+            "building the native decoding kernels with %s failed (%s%s): decoding keeps XLA's "
+            "product and the engine the reference paged attention",
             compiler,
             e,
             (": " + detail.decode(errors="replace")[-2000:]) if detail else "",
         )
         return False
     jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.MeltemiSmallMatmul), "cpu")
+    jax.ffi.register_ffi_target(
+        ATTENTION_TARGET, jax.ffi.pycapsule(library.MeltemiPagedAttention), "cpu"
+    )
     return True
 
 
@@ -158,6 +167,34 @@ def small_matmul(x: jax.Array, packed: jax.Array, n: int) -> jax.Array:
     shape = jax.ShapeDtypeStruct((x.shape[0], packed.shape[0] * LANES), jnp.float32)
     out = jax.ffi.ffi_call(TARGET, shape, vmap_method="sequential")(x.astype(jnp.float32), packed)
     return out if out.shape[1] == n else out[:, :n]
+
+
+def paged_attention(
+    q: jax.Array,
+    k_pool: jax.Array,
+    v_pool: jax.Array,
+    page_table: jax.Array,
+    q_positions: jax.Array,
+    *,
+    scale: float,
+    softcap: float | None,
+    window: int | None,
+) -> jax.Array:
+    """Causal attention of `q[B, T, H, G, D]` over the pages `page_table[B, NP]` lists in
+    the pools `k_pool[H, P, S, D]` and `v_pool[H, P, D, S]`, on the kernel, float32; query
+    `(b, t)` sees the keys at positions `<= q_positions[b, t]` (and `> q_positions[b, t] -
+    window` with a window). The engine's `"native"` paged backend (see
+    `meltemi.models.engine._paged_attention`, which documents the pools)."""
+    return jax.ffi.ffi_call(ATTENTION_TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))(
+        q.astype(jnp.float32),
+        k_pool,
+        v_pool,
+        page_table.astype(jnp.int32),
+        q_positions.astype(jnp.int32),
+        scale=np.float32(scale),
+        softcap=np.float32(softcap or 0.0),
+        window=np.int64(window or 0),
+    )
 
 
 class PackedLinear(eqx.Module):

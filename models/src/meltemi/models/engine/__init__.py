@@ -15,7 +15,11 @@ from meltemi.models.engine._config import (
     RequestError,
 )
 from meltemi.models.engine._engine import Engine
-from meltemi.models.engine._paged_attention import PAGED_BACKENDS, reference_paged_attention
+from meltemi.models.engine._paged_attention import (
+    PAGED_BACKENDS,
+    native_paged_attention,
+    reference_paged_attention,
+)
 from meltemi.models.engine._pages import PageAllocator
 
 __all__ = [
@@ -29,5 +33,6 @@ __all__ = [
     "QueueFullError",
     "Request",
     "RequestError",
+    "native_paged_attention",
     "reference_paged_attention",
 ]

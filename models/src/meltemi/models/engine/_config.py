@@ -45,6 +45,9 @@ class EngineConfig:
         max_seq_len: prompt + generated tokens bound per sequence (default: the model's).
         prefill_chunk: most prompt tokens prefilled per step (longer prompts take several
             steps, interleaved with the decoding steps of the running sequences).
+        max_prefills: most prompts one step's chunk holds: the chunk is filled with the
+            admitted prompts in arrival order (the rest of the first, then the next, ...), so
+            a burst of short prompts is prefilled in one weight read rather than one per step.
         max_step_tokens: token budget of one step (vLLM's `max_num_batched_tokens` with
             chunked prefill): the decoding rows, padded to their batch bucket `b`, come first,
             and a step's prompt chunk takes what is left, `min(prefill_chunk,
@@ -74,6 +77,7 @@ class EngineConfig:
     max_seqs: int = 8
     max_seq_len: int | None = None
     prefill_chunk: int = 64
+    max_prefills: int = 4
     max_step_tokens: int | None = None
     max_logprobs: int = 5
     cache_dtype: str | None = None
@@ -83,7 +87,9 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("kv_bytes", "page_size", "max_seqs", "prefill_chunk", "decode_steps"):
+        for name in (
+            "kv_bytes", "page_size", "max_seqs", "prefill_chunk", "max_prefills", "decode_steps"
+        ):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise EngineError(f"EngineConfig.{name}={value!r}: must be an int >= 1")

@@ -4,9 +4,11 @@ Each `step()` (1) admits queued requests, first come first served, while slots a
 last; (2) runs one decoding step over every sample that is generating (packed into a batch
 padded to a power of two, attending over the pages in use, padded to a power of two: one
 compiled program per batch bucket x page bucket, all compiled by `warmup`), and in the same
-compiled call (3) prefills one chunk of the oldest admitted prompt (a "mixed" step: the
-decoding rows and the chunk's tokens share every weight read; a long prompt takes several
-steps, so it never stalls the running sequences for more than one chunk). The chunk takes
+compiled call (3) prefills one chunk of prompt tokens (a "mixed" step: the decoding rows and
+the chunk's tokens share every weight read). The chunk is filled with the admitted prompts in
+order, the rest of the oldest first, up to `max_prefills` prompts: a burst of short prompts is
+prefilled in one pass, and a long prompt takes several steps, so it never stalls the running
+sequences for more than one chunk. The chunk takes
 what the step's token budget leaves after the decoding rows (`EngineConfig.max_step_tokens`,
 Sarathi-Serve's stall-free batching): one chunk length per batch bucket, so the mixed step
 stays one program per batch bucket x page bucket, and a step costs at most the budget.
@@ -145,6 +147,8 @@ class Engine:
             self._pools = jax.device_put(self._pools, next(iter(devices)))
         self.pages = PageAllocator(self.num_pages)
         self._table = np.full((config.max_seqs, self.pages_per_seq), NULL_PAGE, np.int32)
+        # A chunk holds at most one token per prompt and one prompt per admitted request.
+        self._max_prefills = min(config.max_prefills, config.max_seqs, config.prefill_chunk)
         self._slots: list[tuple[_Live, int] | None] = [None] * config.max_seqs
         self._waiting: collections.deque[_Live] = collections.deque()
         self._prefilling: collections.deque[_Live] = collections.deque()
@@ -317,7 +321,7 @@ class Engine:
 
     def step(self) -> list[Event]:
         """Admit, then one compiled call: decode one token for every generating sample, and
-        prefill one chunk of the oldest admitted prompt in the same pass if there is one."""
+        prefill one chunk of the admitted prompts (oldest first) in the same pass if any."""
         self._admit()
         if self._waiting and not self.num_running:
             # Everything is free yet the head does not fit: submit's checks should prevent it.
@@ -397,42 +401,62 @@ class Engine:
         return events
 
     def _mixed(self) -> list[Event]:
-        """One decoding step of the generating samples and one prompt chunk of the oldest
-        prefilling request, as one compiled call (`Programs.mixed`)."""
+        """One decoding step of the generating samples and one prompt chunk, as one compiled
+        call (`Programs.mixed`). The chunk is filled with the prefilling prompts in order (the
+        rest of the oldest, then the next, ...), at most `max_prefills` of them."""
         cfg = self.config
         ps = cfg.page_size
-        live = self._prefilling[0]
         entries = self._generating()
         size = _bucket(len(entries), cfg.max_seqs)
         tokens, positions, valid, _, last = self._decode_rows(size, 1, entries)
-        start = live.prefilled
         width = cfg.chunk(size)  # the step's token budget left after the decoding rows
-        part = live.prompt[start : start + width]
         chunk = np.zeros(width, np.int32)
         chunk_pos = np.zeros(width, np.int32)
         chunk_valid = np.zeros(width, bool)
-        chunk[: part.size] = part
-        chunk_pos[: part.size] = np.arange(start, start + part.size)
-        chunk_valid[: part.size] = True
-        # Both parts read the pages up to their last token (a power of two of them).
-        need = max(last // ps + 1, _ceil_div(start + part.size, ps))
+        chunk_seg = np.zeros(width, np.int32)
+        parts: list[tuple[_Live, int, int]] = []  # (request, first position, tokens)
+        used = 0
+        for live in self._prefilling:
+            if used == width or len(parts) == self._max_prefills:
+                break
+            start = live.prefilled
+            part = live.prompt[start : start + width - used]
+            end = used + part.size
+            chunk[used:end] = part
+            chunk_pos[used:end] = np.arange(start, start + part.size)
+            chunk_valid[used:end] = True
+            chunk_seg[used:end] = len(parts)
+            parts.append((live, start, part.size))
+            used = end
+        # Every part reads the pages up to its last token (a power of two of them).
+        need = max([last // ps + 1] + [_ceil_div(start + n, ps) for _, start, n in parts])
         pages = _bucket(need, self.pages_per_seq)
-        final = start + part.size == live.prompt.size
-        # Sampling rows: the decoding rows, then (after the prompt's last chunk) its samples,
-        # all drawing from the chunk's last token (logits row `size`).
+        chunk_table = np.full((self._max_prefills, pages), NULL_PAGE, np.int32)
+        last_tokens = np.zeros(self._max_prefills, np.int32)
+        # Sampling rows: the decoding rows, then the samples of each prompt whose last chunk
+        # this is, drawing from that prompt's last token (logits row `size + k`).
         rows: list[tuple[_Live, int, int] | None] = [e[1:] for e in entries]
         rows += [None] * (cfg.max_seqs - len(rows))
         pick = np.zeros(cfg.max_seqs, np.int32)
         pick[: len(entries)] = np.arange(len(entries))
-        copy = np.full(cfg.max_seqs, NULL_PAGE, np.int32)
-        if final:
+        copy_src = np.full(cfg.max_seqs, NULL_PAGE, np.int32)
+        copy_dst = np.full(cfg.max_seqs, NULL_PAGE, np.int32)
+        finals: list[tuple[_Live, int]] = []  # (request, its first sampling row)
+        r, c, offset = len(entries), 0, 0
+        for k, (live, start, n) in enumerate(parts):
+            chunk_table[k] = self._table[live.slots[0], :pages]
+            offset += n
+            last_tokens[k] = offset - 1
+            if start + n < live.prompt.size:
+                continue
+            finals.append((live, r))
             full = live.prompt.size // ps
             for i, smp in enumerate(live.samples):
-                pick[len(entries) + i] = size
-                rows[len(entries) + i] = (live, i, 0)
+                pick[r], rows[r] = size + k, (live, i, 0)
+                r += 1
                 if i and live.prompt.size % ps and not smp.cancelled:
-                    copy[0] = live.samples[0].pages[full]
-                    copy[i] = smp.pages[full]
+                    copy_src[c], copy_dst[c] = live.samples[0].pages[full], smp.pages[full]
+                    c += 1
         self._pools, out = self._programs.mixed(
             self._leaves_now,
             self._pools,
@@ -440,11 +464,13 @@ class Engine:
             np.concatenate([positions, chunk_pos]),
             np.concatenate([valid, chunk_valid]),
             self._decode_table(size, pages, entries),
-            self._table[live.slots[0], :pages][None].copy(),
-            np.int32(part.size - 1),
+            chunk_table,
+            chunk_seg,
+            last_tokens,
             pick,
             self._rows(rows),
-            copy,
+            copy_src,
+            copy_dst,
         )
         tok, lp, ids, lps = jax.device_get(out)
         events = [
@@ -452,19 +478,18 @@ class Engine:
             for r, (_, live_, i, _) in enumerate(entries)
             if not live_.samples[i].done
         ]
-        live.prefilled += part.size
-        if not final:
-            return events
-        self._prefilling.popleft()
-        for i, smp in enumerate(live.samples):
-            if smp.cancelled:
-                self._finish(live, i)
-        r0 = len(entries)
-        events += [
-            self._emit(live, i, int(tok[r0 + i]), float(lp[r0 + i]), ids[r0 + i], lps[r0 + i])
-            for i, smp in enumerate(live.samples)
-            if not smp.done
-        ]
+        for live, _, n in parts:
+            live.prefilled += n
+        for live, r0 in finals:
+            self._prefilling.popleft()  # the finished prompts are the oldest ones
+            for i, smp in enumerate(live.samples):
+                if smp.cancelled:
+                    self._finish(live, i)
+            events += [
+                self._emit(live, i, int(tok[r0 + i]), float(lp[r0 + i]), ids[r0 + i], lps[r0 + i])
+                for i, smp in enumerate(live.samples)
+                if not smp.done
+            ]
         return events
 
     # -- conveniences --------------------------------------------------------------------------
@@ -512,6 +537,7 @@ class Engine:
                         self._pools, _ = decode(
                             self._leaves_now, self._pools, zeros, zeros, idle, table, rows, zeros
                         )
+                no_copy = np.full(cfg.max_seqs, NULL_PAGE, np.int32)
                 self._pools, _ = run.mixed(
                     self._leaves_now,
                     self._pools,
@@ -519,11 +545,13 @@ class Engine:
                     np.concatenate([zeros, chunk]),
                     np.zeros(size + chunk.size, bool),
                     table,
-                    table[:1],
-                    np.int32(0),
+                    np.full((self._max_prefills, pages), NULL_PAGE, np.int32),
+                    chunk,
+                    np.zeros(self._max_prefills, np.int32),
                     np.zeros(cfg.max_seqs, np.int32),
                     mixed_rows,
-                    np.full(cfg.max_seqs, NULL_PAGE, np.int32),
+                    no_copy,
+                    no_copy,
                 )
         jax.block_until_ready(self._pools)
 

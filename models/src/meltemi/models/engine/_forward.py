@@ -66,7 +66,8 @@ def paged_hidden(
     page_table: jax.Array,
     backend: str,
     chunk_table: jax.Array | None = None,
-    copy: jax.Array | None = None,
+    chunk_seg: jax.Array | None = None,
+    copy: tuple[jax.Array, jax.Array] | None = None,
 ) -> tuple[hax.NamedArray, Pools]:
     """Final-normed hidden states of `tokens` (`[batch, T]`), attending through the pools.
 
@@ -76,10 +77,11 @@ def paged_hidden(
     kernel replaced by the paged write and `backend`.
 
     With `chunk_table` (a mixed step), `tokens` is `[D + C, 1]`: rows `:D` are decoding
-    sequences with `page_table` (`[D, pages]`), rows `D:` are `C` consecutive tokens of one
-    prompt, whose pages `chunk_table` (`[1, pages]`) lists. Every row goes through the
-    layers' products together; attention runs twice per layer, the decoding rows over
-    their own pages and the chunk as one sequence (`[1, C]`, so its pages are read once).
+    sequences with `page_table` (`[D, pages]`), rows `D:` are a prompt chunk of `C` tokens
+    from up to `K` prompts, token `c` belonging to the prompt whose pages `chunk_table[
+    chunk_seg[c]]` (`[K, pages]`) lists. Every row goes through the layers' products
+    together; attention runs per layer over the decoding rows' own pages, then over each
+    prompt's pages for its tokens (`[1, C]` queries, so a prompt's pages are read once).
 
     Args:
         model: a `prepare`d model.
@@ -89,9 +91,11 @@ def paged_hidden(
         valid: `[batch, T]` bool, real tokens.
         page_table: `[batch, pages]` each row's pages (the decoding rows' with `chunk_table`).
         backend: `EngineConfig.attention_backend`.
-        chunk_table: `[1, pages]` the chunk's pages, or None (every row its own sequence).
-        copy: `[1 + k]` pages, or None: in every layer, after the write, page `copy[0]` is
-            copied to `copy[1:]` (copy-on-write of a shared prompt's partial last page).
+        chunk_table: `[K, pages]` the chunk's prompts' pages, or None (every row its own
+            sequence).
+        chunk_seg: `[C]` int, the prompt (row of `chunk_table`) of each chunk token.
+        copy: `(src, dst)` page ids, or None: in every layer, after the write, page `src[i]`
+            is copied to `dst[i]` (copy-on-write of a shared prompt's partial last page).
     """
     kernel = resolve_paged_backend(backend)
     page_size = pools[0][0].shape[2]
@@ -104,14 +108,15 @@ def paged_hidden(
     else:
         d = page_table.shape[0]
         dec_pos, chunk_pos = positions[:d], positions[d:].reshape(1, -1)
+        token_tables = chunk_table[chunk_seg]  # [C, pages]
         pages = jnp.concatenate(
             [
                 jnp.take_along_axis(page_table, dec_pos // page_size, axis=1),
-                jnp.take_along_axis(chunk_table, chunk_pos // page_size, axis=1).reshape(-1, 1),
+                jnp.take_along_axis(token_tables, chunk_pos.reshape(-1, 1) // page_size, axis=1),
             ]
         )
         attend = functools.partial(
-            _attend_mixed, kernel, page_table, chunk_table, dec_pos, chunk_pos
+            _attend_mixed, kernel, page_table, chunk_table, chunk_seg, dec_pos, chunk_pos
         )
     pages = jnp.where(valid, pages, NULL_PAGE)
     offsets = positions % page_size
@@ -130,7 +135,7 @@ def paged_hidden(
         if copy is not None:
             # Here, between the write and the reads of attention: after the last layer the
             # copy made XLA:CPU copy every pool whole (+50 ms per step at 162M), here it is free.
-            k_pool, v_pool = _copy_pages(((k_pool, v_pool),), copy)[0]
+            k_pool, v_pool = copy_pages(k_pool, *copy), copy_pages(v_pool, *copy)
         new_pools.append((k_pool, v_pool))
         out = attend(
             q,
@@ -157,10 +162,12 @@ def paged_hidden(
 
 
 def _attend_mixed(
-    kernel, dec_table, chunk_table, dec_pos, chunk_pos, q, k_pool, v_pool, **options
+    kernel, dec_table, chunk_table, chunk_seg, dec_pos, chunk_pos, q, k_pool, v_pool, **options
 ) -> hax.NamedArray:
     """`kernel` over a mixed step's rows (see `paged_hidden`): the first `D` rows each over
-    their own pages, the remaining rows as one sequence of `C` tokens."""
+    their own pages, the remaining `C` rows as one sequence per prompt of the chunk (the
+    tokens of the other prompts given position -1, which sees nothing, and their outputs
+    dropped)."""
     order = tuple(q.resolve_axis(n) for n in Q_ORDER)
     qa = q.rearrange(order).array  # [D + C, 1, kv_heads, group, head]
     d = dec_table.shape[0]
@@ -171,9 +178,16 @@ def _attend_mixed(
         (batch.resize(1), pos.resize(qa.shape[0] - d), *order[2:]),
     )
     dec = kernel(dec_q, k_pool, v_pool, dec_table, dec_pos, **options)
-    chunk = kernel(chunk_q, k_pool, v_pool, chunk_table, chunk_pos, **options)
+    chunk = None
+    for k in range(chunk_table.shape[0]):
+        mine = chunk_seg == k
+        out = kernel(
+            chunk_q, k_pool, v_pool, chunk_table[k : k + 1], jnp.where(mine, chunk_pos, -1),
+            **options,
+        ).rearrange(Q_ORDER).array[0]  # fmt: skip
+        chunk = out if chunk is None else jnp.where(mine[:, None, None, None], out, chunk)
     dec = dec.rearrange(Q_ORDER).array
-    chunk = chunk.rearrange(Q_ORDER).array.reshape(-1, 1, *qa.shape[2:])
+    chunk = chunk.reshape(-1, 1, *qa.shape[2:])
     return hax.named(jnp.concatenate([dec, chunk]), order).rearrange([a.name for a in q.axes])
 
 
@@ -255,13 +269,6 @@ class Programs(NamedTuple):
     mixed: Callable
 
 
-def _copy_pages(pools: Pools, copy: jax.Array) -> Pools:
-    """Page `copy[0]` copied to each of `copy[1:]` in every pool (`NULL_PAGE` entries write
-    the reserved page, which padding tokens write and attention always masks)."""
-    src, dst = copy[0], copy[1:]
-    return tuple((copy_pages(k, src, dst), copy_pages(v, src, dst)) for k, v in pools)
-
-
 def programs(treedef: Any, backend: str, num_top: int, steps: int = 1) -> Programs:
     """The compiled programs of models with pytree structure `treedef` (which holds every
     static field: the config, axes, ...). The model travels as its flat list of arrays, the
@@ -273,14 +280,16 @@ def programs(treedef: Any, backend: str, num_top: int, steps: int = 1) -> Progra
       `decode_many` (`steps > 1`, else None): `steps` such steps in one call, each slot's
       sampled token fed back, row `s` active for its first `remaining[s]` steps; outputs
       over `[steps, slots, ...]`.
-    * `mixed(leaves, pools, tokens, positions, valid, table, chunk_table, last, pick, rows,
-      copy)`: a decoding step of `D = table.shape[0]` rows and one prompt chunk of `C`
-      tokens in one pass (`[D + C]` arrays, the chunk's pages in `chunk_table`; see
-      `paged_hidden`). Logits are computed for the `D` decoding rows and the chunk's token
-      at index `last` only; sampling row `s` draws from logits row `pick[s]` (`D` is the
-      chunk's token: the prompt's `n` samples draw their first tokens from it). Then page
-      `copy[0]` is copied to `copy[1:]` (copy-on-write of a shared prompt's partial last
-      page; `NULL_PAGE` for none). Outputs over `[rows]`.
+    * `mixed(leaves, pools, tokens, positions, valid, table, chunk_table, chunk_seg, last,
+      pick, rows, copy_src, copy_dst)`: a decoding step of `D = table.shape[0]` rows and a
+      prompt chunk of `C` tokens from up to `K` prompts in one pass (`[D + C]` arrays; the
+      prompts' pages in `chunk_table[K, pages]`, each token's prompt in `chunk_seg`; see
+      `paged_hidden`). Logits are computed for the `D` decoding rows and the chunk tokens at
+      `last[K]` only (each prompt's last token in the chunk); sampling row `s` draws from
+      logits row `pick[s]` (`D + k` is prompt `k`'s token: a prompt's `n` samples draw their
+      first tokens from it). Page `copy_src[i]` is copied to `copy_dst[i]` in every layer
+      (copy-on-write of a shared prompt's partial last page; `NULL_PAGE` for none). Outputs
+      over `[rows]`.
     """
     decode = _jitted("decode", treedef, backend, num_top, 1)
     many = _jitted("decode", treedef, backend, num_top, steps) if steps > 1 else None
@@ -312,7 +321,10 @@ def _jitted(kind: str, treedef: Any, backend: str, num_top: int, steps: int) -> 
         (pools, _), out = jax.lax.scan(one, (pools, tokens), jnp.arange(steps))
         return pools, out
 
-    def mixed(leaves, pools, tokens, positions, valid, table, chunk_table, last, pick, rows, copy):
+    def mixed(
+        leaves, pools, tokens, positions, valid, table, chunk_table, chunk_seg, last, pick, rows,
+        copy_src, copy_dst,
+    ):  # fmt: skip
         model = jax.tree.unflatten(treedef, leaves)
         d = table.shape[0]
         hidden, pools = paged_hidden(
@@ -324,12 +336,13 @@ def _jitted(kind: str, treedef: Any, backend: str, num_top: int, steps: int) -> 
             table,
             backend,
             chunk_table,
-            copy,
+            chunk_seg,
+            (copy_src, copy_dst),
         )
         h = hidden.rearrange((BATCH, POSITION, EMBED))
         arr = h.array[:, 0]
-        sel = jnp.concatenate([arr[:d], jax.lax.dynamic_slice_in_dim(arr, d + last, 1)])
-        row = hax.named(sel[:, None], (h.axes[0].resize(d + 1), h.axes[1], h.axes[2]))
+        sel = jnp.concatenate([arr[:d], arr[d + last]])
+        row = hax.named(sel[:, None], (h.axes[0].resize(sel.shape[0]), h.axes[1], h.axes[2]))
         logits = model._project(row).rearrange((BATCH, POSITION, VOCAB)).array[:, 0]
         out = sample_batch(logits[pick], SamplingRows(*rows), num_top)
         return pools, out

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 import meltemi.haliax as hax
+from meltemi.models import _native
 from meltemi.models._axes import (
     BATCH,
     HEAD_SIZE,
@@ -68,11 +69,8 @@ def write_pages(
 
 
 def copy_pages(pool: jax.Array, src: jax.Array, dst: jax.Array) -> jax.Array:
-    """`pool` with page `src` copied to each page of `dst`."""
-    page = pool[:, src][:, None]
-    return pool.at[:, dst].set(
-        jnp.broadcast_to(page, (pool.shape[0], dst.shape[0], *page.shape[2:]))
-    )
+    """`pool` with page `src[i]` copied to page `dst[i]` for each `i`."""
+    return pool.at[:, dst].set(pool[:, src])
 
 
 def reference_paged_attention(
@@ -132,9 +130,50 @@ def reference_paged_attention(
     return hax.named(out, axes).rearrange([a.name for a in q.axes])
 
 
+def native_paged_attention(
+    q: hax.NamedArray,
+    k_pool: jax.Array,
+    v_pool: jax.Array,
+    page_table: jax.Array,
+    q_positions: jax.Array,
+    *,
+    window: int | None,
+    softcap: float | None,
+    scale: float | None,
+) -> hax.NamedArray:
+    """`reference_paged_attention` on the native CPU kernel (`_native.paged_attention`): each
+    row reads only its pages up to its position, in place. Float32 pools only; other dtypes,
+    or a machine where the kernel does not build, run the reference."""
+    if not (native_attention_usable() and k_pool.dtype == v_pool.dtype == q.dtype == jnp.float32):
+        return reference_paged_attention(
+            q, k_pool, v_pool, page_table, q_positions, window=window, softcap=softcap, scale=scale
+        )
+    order = tuple(q.resolve_axis(n) for n in Q_ORDER)
+    out = _native.paged_attention(
+        q.rearrange(order).array,
+        k_pool,
+        v_pool,
+        page_table,
+        q_positions,
+        scale=k_pool.shape[-1] ** -0.5 if scale is None else scale,
+        softcap=softcap,
+        window=window,
+    )
+    return hax.named(out, order).rearrange([a.name for a in q.axes])
+
+
+def native_attention_usable() -> bool:
+    """Whether `"auto"` picks the native kernel: on a single CPU device (the kernel is opaque
+    to SPMD partitioning) where it builds (`_native.available`)."""
+    return jax.device_count() == 1 and _native.available()
+
+
 PagedAttention = Callable[..., hax.NamedArray]
 
-PAGED_BACKENDS: dict[str, PagedAttention] = {"reference": reference_paged_attention}
+PAGED_BACKENDS: dict[str, PagedAttention] = {
+    "reference": reference_paged_attention,
+    "native": native_paged_attention,
+}
 """Paged attention kernels by name (`EngineConfig.attention_backend`)."""
 
 _PLATFORM_BACKENDS: dict[str, str] = {}
@@ -146,6 +185,8 @@ def resolve_paged_backend(name: str) -> PagedAttention:
     """The kernel `EngineConfig.attention_backend=name` runs on this platform."""
     if name == "auto":
         name = _PLATFORM_BACKENDS.get(jax.default_backend(), "reference")
+        if name == "reference" and native_attention_usable():
+            name = "native"
     if name not in PAGED_BACKENDS:
         raise EngineError(
             f"EngineConfig.attention_backend={name!r}: no such paged attention kernel; "

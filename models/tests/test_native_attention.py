@@ -1,0 +1,124 @@
+"""The native paged attention kernel (`_native.paged_attention`, the engine's `"native"`
+backend): equal to the plain-JAX reference, picked by `"auto"` on one CPU device, read in place
+by the engine's compiled programs, and the engine's tokens unchanged by it."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import model_testing as T
+import numpy as np
+import pytest
+
+import meltemi.haliax as hax
+import meltemi.models as mm
+from meltemi.models import _native
+from meltemi.models._axes import BATCH, HEAD_SIZE, KV_HEADS, POSITION, Q_HEADS_PER_GROUP
+from meltemi.models.engine import (
+    Engine,
+    EngineConfig,
+    Request,
+    native_paged_attention,
+    reference_paged_attention,
+)
+from meltemi.models.engine import _paged_attention as PA
+
+
+def _case(rng, b, t, h, g, d, pages, size, width):
+    q = hax.named(
+        jnp.asarray(rng.standard_normal((b, t, h, g, d)), jnp.float32),
+        (BATCH, POSITION, KV_HEADS, Q_HEADS_PER_GROUP, HEAD_SIZE),
+    )
+    k_pool = jnp.asarray(rng.standard_normal((h, pages, size, d)), jnp.float32)
+    v_pool = jnp.asarray(rng.standard_normal((h, pages, d, size)), jnp.float32)
+    table = jnp.asarray(rng.integers(0, pages, (b, width)), jnp.int32)  # shuffled, repeats
+    positions = jnp.asarray(rng.integers(0, width * size, (b, t)), jnp.int32)
+    return q, k_pool, v_pool, table, positions
+
+
+@pytest.mark.parametrize(
+    "b, t, h, g, d, size, options",
+    [
+        (8, 1, 12, 1, 64, 16, {}),  # decoding rows, the 162M model's heads
+        (1, 12, 4, 3, 32, 8, {"window": 20}),  # a prompt chunk, grouped queries, a window
+        (3, 2, 2, 2, 16, 4, {"softcap": 5.0, "scale": 0.3}),
+        (2, 3, 1, 5, 8, 3, {"window": 1}),  # odd page size; each query sees only itself
+    ],
+)
+def test_kernel_equals_reference(b, t, h, g, d, size, options):
+    rng = np.random.default_rng(b * 100 + t)
+    args = _case(rng, b, t, h, g, d, pages=40, size=size, width=6)
+    kw = {"window": None, "softcap": None, "scale": None} | options
+    want = reference_paged_attention(*args, **kw)
+    got = jax.jit(lambda *a: native_paged_attention(*a, **kw))(*args)
+    assert got.axes == want.axes
+    np.testing.assert_allclose(got.array, want.array, rtol=0, atol=1e-5)
+
+
+def test_padding_rows_read_nothing_outside_the_pool():
+    """A negative position gives zeros, an out-of-range page id reads the reserved page 0:
+    neither reads outside the pools (padding rows of a step carry such values)."""
+    rng = np.random.default_rng(3)
+    q, k_pool, v_pool, table, _ = _case(rng, 2, 1, 2, 1, 8, pages=5, size=4, width=3)
+    table = jnp.asarray([[1, 2, 3], [99, -7, 4]], jnp.int32)
+    positions = jnp.asarray([[-1], [11]], jnp.int32)
+    out = native_paged_attention(
+        q, k_pool, v_pool, table, positions, window=None, softcap=None, scale=None
+    ).array
+    assert not np.any(out[0]) and np.all(np.isfinite(out))
+    want = reference_paged_attention(
+        q, k_pool, v_pool, jnp.asarray([[1, 2, 3], [0, 0, 4]]), positions, window=None,
+        softcap=None, scale=None,
+    ).array  # fmt: skip
+    np.testing.assert_allclose(out[1], want[1], rtol=0, atol=1e-5)
+
+
+def test_auto_picks_native_on_one_cpu_device_only(monkeypatch):
+    assert _native.available()  # CI machines have a compiler (see test_native_matmul)
+    assert PA.resolve_paged_backend("auto") is native_paged_attention
+    monkeypatch.setattr(jax, "device_count", lambda: 8)  # sharded pools: SPMD needs XLA's ops
+    assert PA.resolve_paged_backend("auto") is reference_paged_attention
+
+
+def test_other_dtypes_run_the_reference():
+    args = _case(np.random.default_rng(5), 2, 1, 2, 1, 8, pages=5, size=4, width=2)
+    q, k_pool, v_pool = (
+        args[0].astype(jnp.bfloat16), args[1].astype(jnp.bfloat16), args[2].astype(jnp.bfloat16)
+    )  # fmt: skip
+    kw = {"window": None, "softcap": None, "scale": None}
+    fn = jax.jit(lambda *a: native_paged_attention(*a, **kw).array)
+    assert _native.ATTENTION_TARGET not in fn.lower(q, k_pool, v_pool, *args[3:]).as_text()
+    assert _native.ATTENTION_TARGET in fn.lower(*args).as_text()
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-gemma2"])
+def test_engine_runs_the_kernel_with_the_reference_tokens(preset, monkeypatch):
+    """The engine's programs call the kernel under `"auto"`; its greedy tokens and their
+    logprobs equal the reference backend's (gemma2: a sliding window and soft caps)."""
+    cfg = mm.get_preset(preset).replace(max_seq_len=64)
+    model = T.random_model(cfg, seed=3)
+    page_bytes = 2 * cfg.num_layers * 4 * cfg.num_kv_heads * cfg.head_size * 4
+    config = EngineConfig(kv_bytes=60 * page_bytes, page_size=4, max_seqs=4, prefill_chunk=8)
+    prompts = [[3, 17, 29, 4, 41, 8, 9, 10, 11, 12, 13, 14], [5, 60], [7, 1, 33, 2, 9]]
+    traced = []
+    kernel = _native.paged_attention
+    monkeypatch.setattr(
+        _native, "paged_attention", lambda *a, **k: traced.append(1) or kernel(*a, **k)
+    )
+    out = {}
+    for backend in ("auto", "reference"):
+        engine = Engine(model, dataclasses.replace(config, attention_backend=backend))
+        for p in prompts:
+            engine.submit(Request(p, 12, stop_ids=()))
+        events = []
+        while engine.has_work:
+            events += engine.step()
+        out[backend] = [(e.request_id, e.token, e.logprob) for e in events]
+        if backend == "auto":
+            assert traced, "the engine did not run the native kernel"
+            traced.clear()
+    assert not traced  # the reference backend does not
+    assert [e[:2] for e in out["auto"]] == [e[:2] for e in out["reference"]]
+    np.testing.assert_allclose(
+        [e[2] for e in out["auto"]], [e[2] for e in out["reference"]], atol=1e-5
+    )
