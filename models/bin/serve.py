@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
         "--max_step_tokens", type=int, default=None, help="token budget of one step: decoding "
         "rows first, the prompt chunk takes the rest (default: a full chunk beside any batch)"
     )  # fmt: skip
+    p.add_argument(
+        "--max_prefills", type=int, default=4, help="most prompts one step's chunk prefills"
+    )
     p.add_argument("--max_waiting", type=int, default=64, help="queued requests before 429s")
     p.add_argument("--max_logprobs", type=int, default=5, help="largest logprobs a request may ask")
     p.add_argument("--cache_dtype", choices=("float32", "bfloat16"), default=None)
@@ -67,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             max_seq_len=args.max_seq_len,
             prefill_chunk=args.prefill_chunk,
             max_step_tokens=args.max_step_tokens,
+            max_prefills=args.max_prefills,
             max_logprobs=args.max_logprobs,
             cache_dtype=args.cache_dtype,
             max_waiting=args.max_waiting,

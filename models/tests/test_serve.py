@@ -259,6 +259,9 @@ def test_binary_passes_the_step_budget_and_refuses_a_bad_one_in_one_line(capsys)
     assert serve.main(["--checkpoint=unused", "--max_seqs=4", "--max_step_tokens=4"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: EngineConfig.max_step_tokens=4") and err.count("\n") == 1
+    assert serve.main(["--checkpoint=unused", "--max_prefills=0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: EngineConfig.max_prefills=0") and err.count("\n") == 1
 
 
 def test_ignore_eos_generates_exactly_max_tokens(client, direct):
