@@ -95,11 +95,11 @@ def test_other_dtypes_run_the_reference():
 def test_engine_runs_the_kernel_with_the_reference_tokens(preset, monkeypatch):
     """The engine's programs call the kernel under `"auto"`; its greedy tokens and their
     logprobs equal the reference backend's (gemma2: a sliding window and soft caps)."""
-    cfg = mm.get_preset(preset).replace(max_seq_len=64)
+    cfg = mm.get_preset(preset).replace(max_seq_len=32)
     model = T.random_model(cfg, seed=3)
-    page_bytes = 2 * cfg.num_layers * 4 * cfg.num_kv_heads * cfg.head_size * 4
-    config = EngineConfig(kv_bytes=60 * page_bytes, page_size=4, max_seqs=4, prefill_chunk=8)
-    prompts = [[3, 17, 29, 4, 41, 8, 9, 10, 11, 12, 13, 14], [5, 60], [7, 1, 33, 2, 9]]
+    page_bytes = 2 * cfg.num_layers * 8 * cfg.num_kv_heads * cfg.head_size * 4
+    config = EngineConfig(kv_bytes=12 * page_bytes, page_size=8, max_seqs=2, prefill_chunk=8)
+    prompts = [[3, 17, 29, 4, 41, 8, 9, 10, 11, 12, 13], [5, 60], [7, 1, 33, 2, 9]]
     traced = []
     kernel = _native.paged_attention
     monkeypatch.setattr(
@@ -109,7 +109,7 @@ def test_engine_runs_the_kernel_with_the_reference_tokens(preset, monkeypatch):
     for backend in ("auto", "reference"):
         engine = Engine(model, dataclasses.replace(config, attention_backend=backend))
         for p in prompts:
-            engine.submit(Request(p, 12, stop_ids=()))
+            engine.submit(Request(p, 10, stop_ids=()))
         events = []
         while engine.has_work:
             events += engine.step()
