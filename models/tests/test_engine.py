@@ -377,11 +377,15 @@ def fresh_model():
     return T.random_model(CFG.replace(max_seq_len=63), seed=1)
 
 
+# A context of 16 at 2 slots: fewer buckets to compile than CONFIG (18 programs against 45).
+SERVING = dataclasses.replace(CONFIG, max_seq_len=16, max_seqs=2)
+
+
 def test_warmup_compiles_every_bucket_once(fresh_model):
-    engine = Engine(fresh_model, dataclasses.replace(CONFIG, decode_steps=4))
-    # batch buckets 1, 2, 4 x page buckets 1, 2, 4, 8, 16, three times: the decoding step of 1
-    # and of 4 steps, the mixed step (decoding rows and a prompt chunk).
-    assert engine.num_programs == 3 * 3 * 5
+    engine = Engine(fresh_model, dataclasses.replace(SERVING, decode_steps=4))
+    # batch buckets 1, 2 x page buckets 1, 2, 4, three times: the decoding step of 1 and of 4
+    # steps, the mixed step (decoding rows and a prompt chunk).
+    assert engine.num_programs == 3 * 2 * 3
     assert T.count_compiles(engine.warmup) == engine.num_programs
     assert T.count_compiles(engine.warmup) == 0
 
@@ -390,13 +394,13 @@ def _mixed_load(engine, rng):
     ids = []
     for step in range(30):
         if step % 3 == 0:
-            length = int(rng.integers(1, 20))
+            length = int(rng.integers(1, 10))
             sampling = SAMPLED if step % 2 else mm.SamplingConfig()
             ids.append(
                 engine.submit(
                     Request(
                         rng.integers(1, 67, length).tolist(),
-                        int(rng.integers(1, 12)),
+                        int(rng.integers(1, 7)),
                         sampling=sampling,
                         n=1 + step % 2,
                         logprobs=step % 4 or None,
@@ -413,7 +417,7 @@ def _mixed_load(engine, rng):
 @pytest.mark.parametrize("decode_steps", [1, 4])
 def test_steady_serving_compiles_nothing(fresh_model, decode_steps):
     # Shares the programs the warm-up test compiled (when it ran first).
-    engine = Engine(fresh_model, dataclasses.replace(CONFIG, decode_steps=decode_steps))
+    engine = Engine(fresh_model, dataclasses.replace(SERVING, decode_steps=decode_steps))
     engine.warmup()
     rng = np.random.default_rng(0)
     assert T.count_compiles(lambda: _mixed_load(engine, rng)) == 0
