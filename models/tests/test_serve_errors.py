@@ -240,8 +240,9 @@ def test_binary_never_prints_the_api_key(checkpoint, monkeypatch, capfd):
         seen.update(host=host, port=port)
 
     monkeypatch.setattr(uvicorn, "run", fake_run)
+    # One slot, a context of 16: the binary's warm-up compiles 4 programs, not 32.
     argv = [f"--checkpoint={checkpoint}", "--port=8123", f"--kv_bytes={20 * PAGE_BYTES}",
-            "--max_seq_len=64", "--page_size=8"]  # fmt: skip
+            "--max_seq_len=16", "--page_size=8", "--max_seqs=1", "--prefill_chunk=8"]  # fmt: skip
     assert serve.main(argv) == 0
     assert seen == {"host": "127.0.0.1", "port": 8123}
     out, err = capfd.readouterr()
