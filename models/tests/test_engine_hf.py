@@ -7,7 +7,7 @@ from meltemi.models import hf
 from meltemi.models.engine import Engine, EngineConfig, Request
 
 PROMPTS = [[3, 17, 29, 4, 41, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19], [5, 60], [7, 1, 33]]
-CONFIG = EngineConfig(kv_bytes=1 << 20, page_size=4, max_seqs=4, prefill_chunk=8, max_seq_len=64)
+CONFIG = EngineConfig(kv_bytes=1 << 20, page_size=8, max_seqs=4, prefill_chunk=8, max_seq_len=48)
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3", "tiny-mistral"])
