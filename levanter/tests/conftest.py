@@ -1,7 +1,9 @@
 """Shared test set-up: a persistent compilation cache, so identical programs compile once.
 
-The cache lives under $TEST_TMPDIR (Bazel's per-test scratch directory); run outside Bazel, in
-a fresh temporary directory removed at exit, so cached programs never outlive the test run.
+Under Bazel the cache is the run's shared one (.bazelrc's JAX_COMPILATION_CACHE_DIR, made private
+by tools/python/test_env.py), else one under $TEST_TMPDIR (Bazel's per-test scratch directory);
+run outside Bazel, in a fresh temporary directory removed at exit, so cached programs never
+outlive the test run.
 Subprocesses started by the tests (see _subprocess.py) inherit it through the environment.
 """
 
@@ -15,7 +17,8 @@ import jax
 
 def _cache_dir() -> str:
     if os.environ.get("TEST_TMPDIR"):
-        return os.path.join(os.environ["TEST_TMPDIR"], "jax_cache")
+        shared = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+        return shared or os.path.join(os.environ["TEST_TMPDIR"], "jax_cache")
     path = tempfile.mkdtemp(prefix="meltemi-jax-cache-")
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path

@@ -33,6 +33,7 @@ def _modules(package_name: str):
 def main(argv: list[str]) -> int:
     test_env.isolate_home()
     test_env.compile_fast()
+    test_env.private_compile_cache()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     failed = attempted = 0
     flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE

@@ -15,6 +15,7 @@ their own environment.
 from __future__ import annotations
 
 import os
+import sys
 
 # Tools that cache or write under home, each pointed at a folder of the test's own home.
 # (variable, path relative to the new home)
@@ -79,6 +80,55 @@ def compile_fast(environ: dict | None = None) -> bool:
     flags += [f for f in FAST_COMPILE_FLAGS if f not in flags]
     env["XLA_FLAGS"] = " ".join(flags)
     return True
+
+
+# JAX's persistent compilation cache, shared by every test process of one `bazel test` run
+# (.bazelrc sets JAX_COMPILATION_CACHE_DIR): targets compile the same tiny models, trainer steps
+# and optimizers, so a program compiled by one target is read by the next. The key covers the
+# program, XLA_FLAGS (fake device counts, `FAST_COMPILE_FLAGS`), devices and JAX version.
+# Every program is cached (JAX's defaults skip those compiled in under 1 s: most test programs).
+_CACHE_ENV: tuple[tuple[str, str], ...] = (
+    ("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0"),
+    ("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0"),
+)
+
+
+def private_compile_cache(environ: dict | None = None) -> str | None:
+    """Makes the run's JAX_COMPILATION_CACHE_DIR a private folder, or drops it.
+
+    Under a test runner (`TEST_TMPDIR` set) with JAX_COMPILATION_CACHE_DIR set, creates the
+    folder (mode 0700) and checks that it is this user's and not group- or world-writable: JAX
+    runs the executables it reads from there. A folder that fails the check is not used (the
+    tests compile instead) and a warning names it and the fix.
+
+    Args:
+        environ: the environment to change (default: `os.environ`).
+
+    Returns:
+        The cache folder in use, or None.
+    """
+    env = os.environ if environ is None else environ
+    path = env.get("JAX_COMPILATION_CACHE_DIR")
+    if not env.get("TEST_TMPDIR") or not path:
+        return None
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.stat(path)
+    except OSError as e:
+        problem = f"cannot be created ({e})"
+    else:
+        if st.st_uid == os.getuid() and not st.st_mode & 0o022:
+            for name, value in _CACHE_ENV:
+                env.setdefault(name, value)
+            return path
+        problem = f"is owned by uid {st.st_uid} with mode {oct(st.st_mode & 0o777)}"
+    del env["JAX_COMPILATION_CACHE_DIR"]
+    print(
+        f"warning: JAX_COMPILATION_CACHE_DIR={path} {problem}: tests run without the shared "
+        f"compilation cache; make it yours and private (`chmod 700 {path}`) or remove it",
+        file=sys.stderr,
+    )
+    return None
 
 
 def isolate_home(environ: dict | None = None) -> str | None:
