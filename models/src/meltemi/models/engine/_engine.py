@@ -292,6 +292,7 @@ class Engine:
         seed = np.zeros(size, np.uint32)
         sample = np.zeros(size, np.int32)
         step = np.zeros(size, np.int32)
+        top = np.zeros(size, np.int32)
         for r, e in enumerate(entries):
             if e is None:
                 continue
@@ -301,7 +302,8 @@ class Engine:
             top_k[r] = s.top_k or 0
             top_p[r] = 1.0 if s.top_p is None else s.top_p
             seed[r], sample[r], step[r] = live.seed, i, t
-        return (temp, top_k, top_p, seed, sample, step)
+            top[r] = live.request.logprobs or 0
+        return (temp, top_k, top_p, seed, sample, step, top)
 
     def _emit(self, live: _Live, i: int, token: int, lp: float, ids, lps) -> Event:
         smp = live.samples[i]

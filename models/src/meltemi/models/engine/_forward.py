@@ -207,6 +207,7 @@ class SamplingRows(eqx.Module):
         seed: the request's seed (uint32).
         sample: the sample index within the request.
         step: the index of the token being drawn within the sample.
+        top: how many top alternatives the row's request reports (0 = none).
     """
 
     temperature: jax.Array
@@ -215,6 +216,7 @@ class SamplingRows(eqx.Module):
     seed: jax.Array
     sample: jax.Array
     step: jax.Array
+    top: jax.Array
 
 
 def _draw(logits: jax.Array, rows: SamplingRows) -> jax.Array:
@@ -244,7 +246,9 @@ def sample_batch(logits: jax.Array, rows: SamplingRows, num_top: int):
 
     Greedy rows take the argmax; the rest draw from their filtered distribution with the key
     `fold_in(fold_in(key(seed), sample), step)` (a row's draw depends only on its own values).
-    Log-probabilities are those of the raw logits.
+    Log-probabilities are those of the raw logits. The alternatives are computed only when a
+    row asks for them (`rows.top`; a top-k over the vocabulary is ~0.4 ms at 8 x 32000 on the
+    CPU), else they are zeros.
     """
     logits = logits.astype(jnp.float32)
     greedy = argmax(logits)
@@ -255,8 +259,15 @@ def sample_batch(logits: jax.Array, rows: SamplingRows, num_top: int):
     )
     logp = jax.nn.log_softmax(logits, axis=-1)
     chosen = jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
-    top_lp, top_ids = (
-        jax.lax.top_k(logp, num_top) if num_top else (logp[:, :0], token[:, None][:, :0])
+    if not num_top:
+        return token, chosen, token[:, None][:, :0], logp[:, :0]
+    top_lp, top_ids = jax.lax.cond(
+        jnp.any(rows.top > 0),
+        lambda: tuple(jax.lax.top_k(logp, num_top)),
+        lambda: (
+            jnp.zeros((logp.shape[0], num_top), logp.dtype),
+            jnp.zeros((logp.shape[0], num_top), jnp.int32),
+        ),
     )
     return token, chosen, top_ids.astype(jnp.int32), top_lp
 
