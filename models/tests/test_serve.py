@@ -295,3 +295,23 @@ def test_weights_updated_through_the_runner_are_served_without_restart(server, c
     finally:
         runner.call(lambda engine: engine.update_weights(model)).result(60)
     assert ask() == before
+
+
+def test_runner_lowers_the_switch_interval_while_it_runs_and_restores_it(direct):
+    import sys
+
+    from meltemi.models.serve import EngineRunner
+
+    engine, _ = direct
+    before = sys.getswitchinterval()
+    runner = EngineRunner(engine, switch_interval_s=1e-4)
+    runner.start(warmup=False)
+    try:
+        assert sys.getswitchinterval() == pytest.approx(1e-4)
+    finally:
+        runner.stop()
+    assert sys.getswitchinterval() == before
+    untouched = EngineRunner(engine, switch_interval_s=None)
+    untouched.start(warmup=False)
+    untouched.stop()
+    assert sys.getswitchinterval() == before

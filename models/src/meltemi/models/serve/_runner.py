@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -64,10 +65,20 @@ class EngineRunner:
     Args:
         engine: the engine (warmed up or not; `start(warmup=True)` compiles before serving).
         idle_wait_s: how long the thread blocks for a command when there is no work.
+        switch_interval_s: Python's thread switch interval while the runner runs (process
+            wide, restored by `stop`; None leaves it). The engine thread takes the GIL back
+            after each XLA call while the event loop streams tokens; at the default 5 ms it
+            can wait that long per call. Measured in `serve_bench` (162M, 8 slots, 8
+            arrivals/s): 0.5 ms took the engine's step p50 from 39.7 to 36.2 ms and the
+            throughput from 3.14x to 3.50x one request at a time.
     """
 
-    def __init__(self, engine: Engine, *, idle_wait_s: float = 0.05):
+    def __init__(
+        self, engine: Engine, *, idle_wait_s: float = 0.05, switch_interval_s: float | None = 5e-4
+    ):
         self.engine = engine
+        self._switch_interval_s = switch_interval_s
+        self._saved_interval: float | None = None
         self._commands: queue.Queue = queue.Queue()
         self._handles: dict[int, Handle] = {}
         self._idle_wait_s = idle_wait_s
@@ -86,6 +97,9 @@ class EngineRunner:
         jax.monitoring.register_event_duration_secs_listener(self._on_compile)
         if warmup:
             self.engine.warmup()
+        if self._switch_interval_s is not None:
+            self._saved_interval = sys.getswitchinterval()
+            sys.setswitchinterval(self._switch_interval_s)
         self._snapshot()
         self._thread = threading.Thread(target=self._loop, name="engine-runner", daemon=True)
         self._thread.start()
@@ -96,6 +110,9 @@ class EngineRunner:
         self._commands.put(("wake",))
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._saved_interval is not None:
+            sys.setswitchinterval(self._saved_interval)
+            self._saved_interval = None
         try:
             jax.monitoring.unregister_event_duration_listener(self._on_compile)
         except (AssertionError, ValueError, KeyError):  # pragma: no cover - never registered
