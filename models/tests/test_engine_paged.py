@@ -85,7 +85,7 @@ def _run_paged(model, prompts, tables, starts, phases, backend="reference"):
     return [np.stack(g) for g in got], np.asarray(step[:, 0])
 
 
-@pytest.mark.parametrize("backend", ["reference", "native"])
+@pytest.mark.parametrize("backend", ["reference", "native", "pallas_gpu"])
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3", "tiny-gemma2"])
 def test_paged_logits_equal_dense_cache_with_shared_prefix(preset, backend):
     # gemma2: sliding window 5, local/global layers, soft caps; qwen3: QK-norm.

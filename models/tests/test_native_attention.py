@@ -1,6 +1,6 @@
-"""The native paged attention kernel (`_native.paged_attention`, the engine's `"native"`
-backend): equal to the plain-JAX reference, picked by `"auto"` on one CPU device, read in place
-by the engine's compiled programs, and the engine's tokens unchanged by it."""
+"""The paged attention kernels against the plain-JAX reference: the native CPU kernel
+(`_native.paged_attention`, backend `"native"`) and JAX's Pallas GPU paged attention (backend
+`"pallas_gpu"`, in Pallas' interpreter here); what `"auto"` picks; the engine's tokens on each."""
 
 import dataclasses
 
@@ -19,6 +19,7 @@ from meltemi.models.engine import (
     EngineConfig,
     Request,
     native_paged_attention,
+    pallas_gpu_paged_attention,
     reference_paged_attention,
 )
 from meltemi.models.engine import _paged_attention as PA
@@ -30,7 +31,7 @@ def _case(rng, b, t, h, g, d, pages, size, width):
         (BATCH, POSITION, KV_HEADS, Q_HEADS_PER_GROUP, HEAD_SIZE),
     )
     k_pool = jnp.asarray(rng.standard_normal((h, pages, size, d)), jnp.float32)
-    v_pool = jnp.asarray(rng.standard_normal((h, pages, d, size)), jnp.float32)
+    v_pool = jnp.asarray(rng.standard_normal((h, pages, size, d)), jnp.float32)
     table = jnp.asarray(rng.integers(0, pages, (b, width)), jnp.int32)  # shuffled, repeats
     positions = jnp.asarray(rng.integers(0, width * size, (b, t)), jnp.int32)
     return q, k_pool, v_pool, table, positions
@@ -55,6 +56,45 @@ def test_kernel_equals_reference(b, t, h, g, d, size, options):
     np.testing.assert_allclose(got.array, want.array, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "b, h, g, d, width, options",
+    [
+        (3, 2, 3, 16, 4, {}),  # grouped queries
+        (2, 1, 1, 8, 8, {"softcap": 5.0, "scale": 0.3}),
+        (4, 2, 2, 8, 12, {}),  # a table width that is not a power of two
+    ],
+)
+def test_pallas_gpu_kernel_equals_reference_on_decoding_rows(b, h, g, d, width, options):
+    """JAX's Pallas GPU paged attention (in Pallas' interpreter here) on decoding rows."""
+    args = _case(np.random.default_rng(b + width), b, 1, h, g, d, pages=30, size=4, width=width)
+    kw = {"window": None, "softcap": None, "scale": None} | options
+    want = reference_paged_attention(*args, **kw)
+    got = pallas_gpu_paged_attention(*args, **kw)
+    assert got.axes == want.axes
+    np.testing.assert_allclose(got.array, want.array, rtol=0, atol=1e-5)
+
+
+def test_pallas_gpu_leaves_chunks_and_windows_to_the_reference(monkeypatch):
+    from jax.experimental.pallas.ops.gpu import paged_attention as pallas_gpu
+
+    called = []
+    kernel = pallas_gpu.paged_attention
+    monkeypatch.setattr(
+        pallas_gpu, "paged_attention", lambda *a, **k: called.append(1) or kernel(*a, **k)
+    )
+    rng = np.random.default_rng(4)
+    for t, window in ((3, None), (1, 5)):
+        args = _case(rng, 2, t, 2, 1, 8, pages=20, size=4, width=4)
+        kw = {"window": window, "softcap": None, "scale": None}
+        got = pallas_gpu_paged_attention(*args, **kw).array
+        np.testing.assert_allclose(got, reference_paged_attention(*args, **kw).array, atol=1e-6)
+    assert not called
+    pallas_gpu_paged_attention(
+        *_case(rng, 2, 1, 2, 1, 8, pages=20, size=4, width=4), **kw | {"window": None}
+    )
+    assert called
+
+
 def test_padding_rows_read_nothing_outside_the_pool():
     """A negative position gives zeros, an out-of-range page id reads the reserved page 0:
     neither reads outside the pools (padding rows of a step carry such values)."""
@@ -73,9 +113,11 @@ def test_padding_rows_read_nothing_outside_the_pool():
     np.testing.assert_allclose(out[1], want[1], rtol=0, atol=1e-5)
 
 
-def test_auto_picks_native_on_one_cpu_device_only(monkeypatch):
+def test_auto_picks_the_platforms_kernel_on_one_device_only(monkeypatch):
     assert _native.available()  # CI machines have a compiler (see test_native_matmul)
     assert PA.resolve_paged_backend("auto") is native_paged_attention
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert PA.resolve_paged_backend("auto") is pallas_gpu_paged_attention
     monkeypatch.setattr(jax, "device_count", lambda: 8)  # sharded pools: SPMD needs XLA's ops
     assert PA.resolve_paged_backend("auto") is reference_paged_attention
 
@@ -122,3 +164,18 @@ def test_engine_runs_the_kernel_with_the_reference_tokens(preset, monkeypatch):
     np.testing.assert_allclose(
         [e[2] for e in out["auto"]], [e[2] for e in out["reference"]], atol=1e-5
     )
+
+
+def test_engine_on_the_pallas_gpu_kernel_gives_the_reference_tokens():
+    cfg = mm.get_preset("tiny-llama").replace(max_seq_len=32)
+    model = T.random_model(cfg, seed=5)
+    page_bytes = 2 * cfg.num_layers * 8 * cfg.num_kv_heads * cfg.head_size * 4
+    config = EngineConfig(kv_bytes=12 * page_bytes, page_size=8, max_seqs=2, prefill_chunk=8)
+    prompts = [[3, 17, 29, 4, 41, 8, 9, 10, 11], [5, 60]]
+    out = []
+    for backend in ("pallas_gpu", "reference"):
+        engine = Engine(model, dataclasses.replace(config, attention_backend=backend))
+        ids = [engine.submit(Request(p, 8, stop_ids=())) for p in prompts]
+        done = engine.run_until_done()
+        out.append([done[i][0] for i in ids])
+    assert out[0] == out[1]

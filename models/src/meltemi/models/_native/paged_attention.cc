@@ -3,7 +3,7 @@
 //
 //   q[B, T, H, G, D]   queries: B rows of T tokens, H kv heads of G query heads each
 //   k[H, P, S, D]      keys of every page (S tokens per page)
-//   v[H, P, D, S]      values, the offset innermost
+//   v[H, P, S, D]      values, in the keys' layout
 //   table[B, NP]       each row's pages in order: position p sits in table[b, p / S] at p % S
 //   pos[B, T]          each query's position; it sees the keys at positions <= pos
 //                      (and > pos - window with a window); pos < 0: output zeros
@@ -62,9 +62,8 @@ struct Attention {
     }
     for (int64_t d = 0; d < D; ++d) q_row[d] = q_in[d] * scale;  // as the reference does
     const int64_t lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
-    const int64_t first = lo / S, last = (n - 1) / S;  // pages [first, last]
-    w.assign((last - first + 1) * S, 0.0f);
-    float* wp = w.data() - first * S;  // wp[s] for s in [first * S, (last + 1) * S)
+    w.resize(n - lo);
+    float* wp = w.data() - lo;  // wp[s] for s in [lo, n)
     float top = -std::numeric_limits<float>::infinity();
     const float* qs = q_row.data();
     for (int64_t s = lo; s < n; ++s) {
@@ -81,27 +80,17 @@ struct Attention {
       wp[s] = std::exp(wp[s] - top);
       sum += wp[s];
     }
-    // Weighted values: acc[d * S + o] += w[o] * v[d, o] over whole pages (masked offsets
-    // weigh 0), elementwise; the offsets are summed once at the end.
-    acc.assign(D * S, 0.0f);
-    for (int64_t j = first; j <= last; ++j) {
-      const float* page = v + (h * P + Page(b, j * S)) * D * S;
-      const float* wj = wp + j * S;
-      for (int64_t d = 0; d < D; ++d) {
-        float* a = acc.data() + d * S;
-        const float* vd = page + d * S;
+    // Weighted values, elementwise over the head's dimensions.
+    acc.assign(D, 0.0f);
+    float* a = acc.data();
+    for (int64_t s = lo; s < n; ++s) {
+      const float* value = v + ((h * P + Page(b, s)) * S + s % S) * D;
+      const float ws = wp[s];
 #pragma omp simd
-        for (int64_t o = 0; o < S; ++o) a[o] += wj[o] * vd[o];
-      }
+      for (int64_t d = 0; d < D; ++d) a[d] += ws * value[d];
     }
     const float inv = 1.0f / sum;
-    for (int64_t d = 0; d < D; ++d) {
-      const float* a = acc.data() + d * S;
-      float total = 0.0f;
-#pragma omp simd reduction(+ : total)
-      for (int64_t o = 0; o < S; ++o) total += a[o];
-      out_row[d] = total * inv;
-    }
+    for (int64_t d = 0; d < D; ++d) out_row[d] = a[d] * inv;
   }
 
   // Work items are (row, kv head) pairs, claimed from a shared counter by the calling thread
@@ -131,10 +120,10 @@ ffi::Error PagedAttention(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   const auto td = table.dimensions(), pd = pos.dimensions();
   if (qd.size() != 5 || kd.size() != 4 || vd.size() != 4 || td.size() != 2 || pd.size() != 2 ||
-      kd[0] != qd[2] || kd[3] != qd[4] || vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != kd[3] ||
-      vd[3] != kd[2] || td[0] != qd[0] || pd[0] != qd[0] || pd[1] != qd[1]) {
+      kd[0] != qd[2] || kd[3] != qd[4] || vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != kd[2] ||
+      vd[3] != kd[3] || td[0] != qd[0] || pd[0] != qd[0] || pd[1] != qd[1]) {
     return ffi::Error::InvalidArgument(
-        "meltemi_paged_attention: expects q[B, T, H, G, D], k[H, P, S, D], v[H, P, D, S], "
+        "meltemi_paged_attention: expects q[B, T, H, G, D], k[H, P, S, D], v[H, P, S, D], "
         "table[B, NP], pos[B, T]");
   }
   auto work = std::make_shared<Attention>();

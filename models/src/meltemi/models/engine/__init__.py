@@ -18,6 +18,7 @@ from meltemi.models.engine._engine import Engine
 from meltemi.models.engine._paged_attention import (
     PAGED_BACKENDS,
     native_paged_attention,
+    pallas_gpu_paged_attention,
     reference_paged_attention,
 )
 from meltemi.models.engine._pages import PageAllocator
@@ -34,5 +35,6 @@ __all__ = [
     "Request",
     "RequestError",
     "native_paged_attention",
+    "pallas_gpu_paged_attention",
     "reference_paged_attention",
 ]

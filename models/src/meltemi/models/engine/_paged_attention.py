@@ -2,22 +2,27 @@
 of one pool per layer, and row `b` of the page table lists the pages of sequence `b` in order
 (token at position `p` sits in page `table[b, p // page_size]` at offset `p % page_size`).
 
-Pools are head-major (`pool_shapes`): keys `[kv_heads, num_pages, page_size, head_size]`,
-values `[kv_heads, num_pages, head_size, page_size]` (offset innermost). Gathering a row's
-pages then gives each head's keys as one `[slots, head_size]` block and its values with the
-contracted offset innermost, so both products of attention run as batched library matmuls
-over `(kv_heads, batch)` with no transpose of the gathered block. Measured on the CPU (8 rows,
-12 heads of 64, 128 slots in pages of 16; one process, other jobs stopped): 0.54 ms per layer,
-against 1.19 ms with the position-major pools `[num_pages, page_size, kv_heads, head_size]`
-of the first engine (XLA transposed every gathered block before each product) and 0.72 with
-head-major values in key order.
+Pools are head-major (`pool_shapes`): keys and values `[kv_heads, num_pages, page_size,
+head_size]`, the layout the paged kernels take (JAX's Pallas GPU and TPU `paged_attention`,
+vLLM's): gathering a row's pages gives each head's keys and values as one `[slots,
+head_size]` block, and both products of attention batch over `(kv_heads, batch)` with no
+transpose of the gathered block (8 rows, 12 heads of 64, 128 slots in pages of 16, on the CPU:
+0.72 ms per layer for the reference, against 1.19 ms with the position-major pools
+`[num_pages, page_size, kv_heads, head_size]` of the first engine and 0.54 with the values
+offset-innermost, a layout no paged kernel takes).
 
 Backends are functions `(q, k_pool, v_pool, page_table, q_positions, *, window, softcap,
-scale) -> out` in `PAGED_BACKENDS`; `"reference"` gathers each sequence's pages and runs plain
-masked softmax attention (every platform; it computes what `haliax.nn.dot_product_attention`
-computes over a dense cache, in the same order of operations). A Pallas ragged/paged kernel
-for TPU or GPU is added as another entry and picked by `resolve_paged_backend` where its
-platform runs.
+scale) -> out` in `PAGED_BACKENDS`:
+
+* `"reference"` gathers each sequence's pages and runs plain masked softmax attention (every
+  platform; it computes what `haliax.nn.dot_product_attention` computes over a dense cache, in
+  the same order of operations);
+* `"native"`: the CPU kernel `_native.paged_attention` (reads the pages in place; float32);
+* `"pallas_gpu"`: JAX's Pallas GPU paged attention for decoding rows (one query per row, no
+  sliding window; everything else runs the reference), in Pallas' interpreter off the GPU.
+
+`"auto"` (`resolve_paged_backend`) picks `"pallas_gpu"` on GPUs, `"native"` on one CPU device
+where it builds, else the reference.
 """
 
 from __future__ import annotations
@@ -47,7 +52,8 @@ def pool_shapes(
     num_pages: int, page_size: int, kv_heads: int, head_size: int
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Shapes of one layer's `(keys, values)` pools (head-major, see the module)."""
-    return (kv_heads, num_pages, page_size, head_size), (kv_heads, num_pages, head_size, page_size)
+    shape = (kv_heads, num_pages, page_size, head_size)
+    return shape, shape
 
 
 def write_pages(
@@ -60,11 +66,9 @@ def write_pages(
 ) -> tuple[jax.Array, jax.Array]:
     """The pools with `k` and `v` (over `batch, key_position, kv_heads, head_size`) written at
     `(pages[b, t], offsets[b, t])` for each token `t` of row `b`."""
-    keys = k.rearrange((KV_HEADS, BATCH, KEY_POSITION, HEAD_SIZE)).array
-    k_pool = k_pool.at[:, pages, offsets].set(keys.astype(k_pool.dtype))
-    # Indices split by a slice: NumPy puts the indexed axes (batch, position) first.
-    values = v.rearrange((BATCH, KEY_POSITION, KV_HEADS, HEAD_SIZE)).array
-    v_pool = v_pool.at[:, pages, :, offsets].set(values.astype(v_pool.dtype))
+    order = (KV_HEADS, BATCH, KEY_POSITION, HEAD_SIZE)
+    k_pool = k_pool.at[:, pages, offsets].set(k.rearrange(order).array.astype(k_pool.dtype))
+    v_pool = v_pool.at[:, pages, offsets].set(v.rearrange(order).array.astype(v_pool.dtype))
     return k_pool, v_pool
 
 
@@ -89,7 +93,7 @@ def reference_paged_attention(
     Args:
         q: queries over `(batch, position, kv_heads, q_heads_per_group, head_size)`.
         k_pool: keys of every page, `[kv_heads, num_pages, page_size, head_size]`.
-        v_pool: values of every page, `[kv_heads, num_pages, head_size, page_size]`.
+        v_pool: values of every page, `[kv_heads, num_pages, page_size, head_size]`.
         page_table: `[batch, pages]` int, each row's pages in order.
         q_positions: `[batch, position]` int, each query's position; it sees the keys at
             positions `<=` its own (and `> pos - window` with a window).
@@ -106,7 +110,7 @@ def reference_paged_attention(
     slots = pages * page_size
     t, group = qa.shape[1], qa.shape[3]
     k = k_pool[:, page_table].reshape(kv, batch, slots, head)
-    v = v_pool[:, page_table]  # [kv, batch, pages, head_size, page_size]
+    v = v_pool[:, page_table].reshape(kv, batch, slots, head)
     if scale is None:
         scale = head**-0.5
     k_pos = jnp.arange(slots, dtype=jnp.int32)
@@ -123,8 +127,8 @@ def reference_paged_attention(
     logits = logits.reshape(kv, batch, t, group, slots)
     logits = jnp.where(mask[None, :, :, None, :], logits, jnp.finfo(logits.dtype).min)
     weights = jax.nn.softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), -1)
-    weights = weights.astype(orig).reshape(kv, batch, t * group, pages, page_size)
-    out = jnp.einsum("kbqps,kbpds->kbqd", weights, v.astype(orig))
+    weights = weights.astype(orig).reshape(kv, batch, t * group, slots)
+    out = jnp.einsum("kbqs,kbsd->kbqd", weights, v.astype(orig))
     out = out.reshape(kv, batch, t, group, head).transpose(1, 2, 0, 3, 4)
     axes = tuple(q.resolve_axis(n) for n in Q_ORDER)
     return hax.named(out, axes).rearrange([a.name for a in q.axes])
@@ -168,25 +172,72 @@ def native_attention_usable() -> bool:
     return jax.device_count() == 1 and _native.available()
 
 
+def pallas_gpu_paged_attention(
+    q: hax.NamedArray,
+    k_pool: jax.Array,
+    v_pool: jax.Array,
+    page_table: jax.Array,
+    q_positions: jax.Array,
+    *,
+    window: int | None,
+    softcap: float | None,
+    scale: float | None,
+) -> hax.NamedArray:
+    """`reference_paged_attention` on JAX's Pallas GPU paged attention kernel
+    (`jax.experimental.pallas.ops.gpu.paged_attention`) for decoding rows: one query per row,
+    no sliding window (the kernel attends to the first `length` keys of each row); prompt
+    chunks and windowed layers run the reference. Off the GPU the kernel runs in Pallas'
+    interpreter (for tests)."""
+    from jax.experimental.pallas.ops.gpu import paged_attention as pallas_gpu
+
+    if q.resolve_axis(POSITION).size != 1 or window is not None:
+        return reference_paged_attention(
+            q, k_pool, v_pool, page_table, q_positions, window=window, softcap=softcap, scale=scale
+        )
+    order = tuple(q.resolve_axis(n) for n in Q_ORDER)
+    qa = q.rearrange(order).array  # [batch, 1, kv_heads, group, head]
+    batch, pages = page_table.shape
+    head = qa.shape[-1]
+    if scale is None:
+        scale = head**-0.5
+    splits = min(16, pages & -pages)  # a power of two dividing the table's width
+    per_block = min(8, (pages // splits) & -(pages // splits))
+    out = pallas_gpu.paged_attention(
+        (qa * jnp.asarray(scale, qa.dtype)).reshape(batch, -1, head),
+        k_pool,
+        v_pool,
+        page_table.astype(jnp.int32),
+        (q_positions[:, 0] + 1).astype(jnp.int32),
+        k_splits=splits,
+        pages_per_compute_block=per_block,
+        interpret=jax.default_backend() != "gpu",
+        attn_logits_soft_cap=softcap,
+    )
+    return hax.named(out.reshape(qa.shape), order).rearrange([a.name for a in q.axes])
+
+
 PagedAttention = Callable[..., hax.NamedArray]
 
 PAGED_BACKENDS: dict[str, PagedAttention] = {
     "reference": reference_paged_attention,
     "native": native_paged_attention,
+    "pallas_gpu": pallas_gpu_paged_attention,
 }
 """Paged attention kernels by name (`EngineConfig.attention_backend`)."""
 
-_PLATFORM_BACKENDS: dict[str, str] = {}
-"""The kernel `"auto"` picks per platform (`"tpu"`, `"gpu"`) where one is registered;
-elsewhere the reference."""
+_PLATFORM_BACKENDS: dict[str, str] = {"gpu": "pallas_gpu"}
+"""The kernel `"auto"` picks per platform on one device; elsewhere the native CPU kernel where
+it builds, else the reference."""
 
 
 def resolve_paged_backend(name: str) -> PagedAttention:
     """The kernel `EngineConfig.attention_backend=name` runs on this platform."""
     if name == "auto":
-        name = _PLATFORM_BACKENDS.get(jax.default_backend(), "reference")
-        if name == "reference" and native_attention_usable():
-            name = "native"
+        name = "reference"  # sharded pools: the kernels are opaque to SPMD partitioning
+        if jax.device_count() == 1:
+            name = _PLATFORM_BACKENDS.get(jax.default_backend(), "reference")
+            if name == "reference" and native_attention_usable():
+                name = "native"
     if name not in PAGED_BACKENDS:
         raise EngineError(
             f"EngineConfig.attention_backend={name!r}: no such paged attention kernel; "
