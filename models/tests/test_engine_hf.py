@@ -1,8 +1,11 @@
-"""The engine's greedy tokens against `transformers`' `generate` on the same weights."""
+"""The engine's greedy tokens against `transformers`' `generate` on the same weights, for every
+family (the tiny preset of each: biases, post-norms, QK-norm, soft caps, local/global layers,
+learned positions, mixtures of experts)."""
 
 import hf_harness as H
 import pytest
 
+import meltemi.models as mm
 from meltemi.models import hf
 from meltemi.models.engine import Engine, EngineConfig, Request
 
@@ -10,7 +13,7 @@ PROMPTS = [[3, 17, 29, 4, 41, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19], [5,
 CONFIG = EngineConfig(kv_bytes=1 << 20, page_size=8, max_seqs=4, prefill_chunk=8, max_seq_len=48)
 
 
-@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3", "tiny-mistral"])
+@pytest.mark.parametrize("preset", [p for p in mm.list_presets() if p.startswith("tiny-")])
 def test_greedy_tokens_equal_transformers(preset, tmp_path):
     torch_model = H.random_hf_model(preset, seed=5)
     model, _ = hf.load(H.save_hf(torch_model, tmp_path))
