@@ -132,10 +132,9 @@ def _weights_out_first(model: Transformer) -> Transformer:
 
 
 def _native_products() -> bool:
-    """Whether decoding copies multiply with `_native.PackedLinear`: on a single CPU device
-    (the kernel is opaque to XLA's partitioner, so sharded models keep XLA's product) when the
-    kernel builds (`_native.available`)."""
-    return jax.device_count() == 1 and _native.available()
+    """Whether decoding copies multiply with `_native.PackedLinear` (`_native.usable`; a
+    function of its own so tests can turn it off)."""
+    return _native.usable()
 
 
 def _values_position_last(cache: LayerCache) -> LayerCache:

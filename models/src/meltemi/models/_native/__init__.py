@@ -148,6 +148,12 @@ def available() -> bool:
     return True
 
 
+def usable() -> bool:
+    """Whether decoding runs on the kernels: on a single CPU device (they are opaque to XLA's
+    SPMD partitioner, so sharded models keep XLA's ops) where they build (`available`)."""
+    return jax.device_count() == 1 and available()
+
+
 def pack(weight: jax.Array) -> jax.Array:
     """`weight[N, K]` (output-major) as `packed[ceil(N / 16), K, 16]`, zero-padded columns."""
     n, k = weight.shape

@@ -416,7 +416,7 @@ class Engine:
         chunk_pos = np.zeros(width, np.int32)
         chunk_valid = np.zeros(width, bool)
         chunk_seg = np.zeros(width, np.int32)
-        parts: list[tuple[_Live, int, int]] = []  # (request, first position, tokens)
+        parts: list[tuple[_Live, int, int, int]] = []  # (request, first position, tokens, end)
         used = 0
         for live in self._prefilling:
             if used == width or len(parts) == self._max_prefills:
@@ -428,10 +428,10 @@ class Engine:
             chunk_pos[used:end] = np.arange(start, start + part.size)
             chunk_valid[used:end] = True
             chunk_seg[used:end] = len(parts)
-            parts.append((live, start, part.size))
+            parts.append((live, start, part.size, end))
             used = end
         # Every part reads the pages up to its last token (a power of two of them).
-        need = max([last // ps + 1] + [_ceil_div(start + n, ps) for _, start, n in parts])
+        need = max([last // ps + 1] + [_ceil_div(start + n, ps) for _, start, n, _ in parts])
         pages = _bucket(need, self.pages_per_seq)
         chunk_table = np.full((self._max_prefills, pages), NULL_PAGE, np.int32)
         last_tokens = np.zeros(self._max_prefills, np.int32)
@@ -444,11 +444,10 @@ class Engine:
         copy_src = np.full(cfg.max_seqs, NULL_PAGE, np.int32)
         copy_dst = np.full(cfg.max_seqs, NULL_PAGE, np.int32)
         finals: list[tuple[_Live, int]] = []  # (request, its first sampling row)
-        r, c, offset = len(entries), 0, 0
-        for k, (live, start, n) in enumerate(parts):
+        r, c = len(entries), 0
+        for k, (live, start, n, end) in enumerate(parts):
             chunk_table[k] = self._table[live.slots[0], :pages]
-            offset += n
-            last_tokens[k] = offset - 1
+            last_tokens[k] = end - 1
             if start + n < live.prompt.size:
                 continue
             finals.append((live, r))
@@ -480,7 +479,7 @@ class Engine:
             for r, (_, live_, i, _) in enumerate(entries)
             if not live_.samples[i].done
         ]
-        for live, _, n in parts:
+        for live, _, n, _ in parts:
             live.prefilled += n
         for live, r0 in finals:
             self._prefilling.popleft()  # the finished prompts are the oldest ones
@@ -527,6 +526,7 @@ class Engine:
         batch bucket x page bucket; `num_programs` of them."""
         cfg, run = self.config, self._programs
         mixed_rows = self._rows([None] * cfg.max_seqs)
+        no_copy = np.full(cfg.max_seqs, NULL_PAGE, np.int32)
         for size in buckets(cfg.max_seqs):
             chunk = np.zeros(cfg.chunk(size), np.int32)
             rows = self._rows([None] * size)
@@ -539,7 +539,6 @@ class Engine:
                         self._pools, _ = decode(
                             self._leaves_now, self._pools, zeros, zeros, idle, table, rows, zeros
                         )
-                no_copy = np.full(cfg.max_seqs, NULL_PAGE, np.int32)
                 self._pools, _ = run.mixed(
                     self._leaves_now,
                     self._pools,

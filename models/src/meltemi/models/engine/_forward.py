@@ -26,6 +26,8 @@ from meltemi.models._transformer import Transformer
 from meltemi.models.engine._paged_attention import (
     Q_ORDER,
     copy_pages,
+    in_q_order,
+    like_q,
     pool_shapes,
     resolve_paged_backend,
     write_pages,
@@ -168,8 +170,7 @@ def _attend_mixed(
     their own pages, the remaining `C` rows as one sequence per prompt of the chunk (the
     tokens of the other prompts given position -1, which sees nothing, and their outputs
     dropped)."""
-    order = tuple(q.resolve_axis(n) for n in Q_ORDER)
-    qa = q.rearrange(order).array  # [D + C, 1, kv_heads, group, head]
+    qa, order = in_q_order(q)  # [D + C, 1, kv_heads, group, head]
     d = dec_table.shape[0]
     batch, pos = order[0], order[1]
     dec_q = hax.named(qa[:d], (batch.resize(d), *order[1:]))
@@ -188,7 +189,7 @@ def _attend_mixed(
         chunk = out if chunk is None else jnp.where(mine[:, None, None, None], out, chunk)
     dec = dec.rearrange(Q_ORDER).array
     chunk = chunk.reshape(-1, 1, *qa.shape[2:])
-    return hax.named(jnp.concatenate([dec, chunk]), order).rearrange([a.name for a in q.axes])
+    return like_q(jnp.concatenate([dec, chunk]), order, q)
 
 
 def paged_logits(model, pools, tokens, positions, valid, page_table, backend="reference"):

@@ -48,6 +48,17 @@ Q_ORDER = (BATCH, POSITION, KV_HEADS, Q_HEADS_PER_GROUP, HEAD_SIZE)
 """The query axes' order every paged kernel and `_forward` exchange arrays in."""
 
 
+def in_q_order(q: hax.NamedArray) -> tuple[jax.Array, tuple[hax.Axis, ...]]:
+    """`q`'s array in `Q_ORDER`, and its axes in that order (for `like_q`)."""
+    axes = tuple(q.resolve_axis(n) for n in Q_ORDER)
+    return q.rearrange(axes).array, axes
+
+
+def like_q(out: jax.Array, axes: tuple[hax.Axis, ...], q: hax.NamedArray) -> hax.NamedArray:
+    """`out` (over `axes`, as `in_q_order` gave them) named and ordered as `q`."""
+    return hax.named(out, axes).rearrange([a.name for a in q.axes])
+
+
 def pool_shapes(
     num_pages: int, page_size: int, kv_heads: int, head_size: int
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -104,7 +115,7 @@ def reference_paged_attention(
     Returns:
         The output with `q`'s axes.
     """
-    qa = q.rearrange(Q_ORDER).array
+    qa, axes = in_q_order(q)
     batch, pages = page_table.shape
     kv, _, page_size, head = k_pool.shape
     slots = pages * page_size
@@ -129,9 +140,7 @@ def reference_paged_attention(
     weights = jax.nn.softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), -1)
     weights = weights.astype(orig).reshape(kv, batch, t * group, slots)
     out = jnp.einsum("kbqs,kbsd->kbqd", weights, v.astype(orig))
-    out = out.reshape(kv, batch, t, group, head).transpose(1, 2, 0, 3, 4)
-    axes = tuple(q.resolve_axis(n) for n in Q_ORDER)
-    return hax.named(out, axes).rearrange([a.name for a in q.axes])
+    return like_q(out.reshape(kv, batch, t, group, head).transpose(1, 2, 0, 3, 4), axes, q)
 
 
 def native_paged_attention(
@@ -148,13 +157,13 @@ def native_paged_attention(
     """`reference_paged_attention` on the native CPU kernel (`_native.paged_attention`): each
     row reads only its pages up to its position, in place. Float32 pools only; other dtypes,
     or a machine where the kernel does not build, run the reference."""
-    if not (native_attention_usable() and k_pool.dtype == v_pool.dtype == q.dtype == jnp.float32):
+    if not (_native.usable() and k_pool.dtype == v_pool.dtype == q.dtype == jnp.float32):
         return reference_paged_attention(
             q, k_pool, v_pool, page_table, q_positions, window=window, softcap=softcap, scale=scale
         )
-    order = tuple(q.resolve_axis(n) for n in Q_ORDER)
+    qa, axes = in_q_order(q)
     out = _native.paged_attention(
-        q.rearrange(order).array,
+        qa,
         k_pool,
         v_pool,
         page_table,
@@ -163,13 +172,7 @@ def native_paged_attention(
         softcap=softcap,
         window=window,
     )
-    return hax.named(out, order).rearrange([a.name for a in q.axes])
-
-
-def native_attention_usable() -> bool:
-    """Whether `"auto"` picks the native kernel: on a single CPU device (the kernel is opaque
-    to SPMD partitioning) where it builds (`_native.available`)."""
-    return jax.device_count() == 1 and _native.available()
+    return like_q(out, axes, q)
 
 
 def pallas_gpu_paged_attention(
@@ -194,8 +197,7 @@ def pallas_gpu_paged_attention(
         return reference_paged_attention(
             q, k_pool, v_pool, page_table, q_positions, window=window, softcap=softcap, scale=scale
         )
-    order = tuple(q.resolve_axis(n) for n in Q_ORDER)
-    qa = q.rearrange(order).array  # [batch, 1, kv_heads, group, head]
+    qa, axes = in_q_order(q)  # [batch, 1, kv_heads, group, head]
     batch, pages = page_table.shape
     head = qa.shape[-1]
     if scale is None:
@@ -213,7 +215,7 @@ def pallas_gpu_paged_attention(
         interpret=jax.default_backend() != "gpu",
         attn_logits_soft_cap=softcap,
     )
-    return hax.named(out.reshape(qa.shape), order).rearrange([a.name for a in q.axes])
+    return like_q(out.reshape(qa.shape), axes, q)
 
 
 PagedAttention = Callable[..., hax.NamedArray]
@@ -236,7 +238,7 @@ def resolve_paged_backend(name: str) -> PagedAttention:
         name = "reference"  # sharded pools: the kernels are opaque to SPMD partitioning
         if jax.device_count() == 1:
             name = _PLATFORM_BACKENDS.get(jax.default_backend(), "reference")
-            if name == "reference" and native_attention_usable():
+            if name == "reference" and _native.usable():
                 name = "native"
     if name not in PAGED_BACKENDS:
         raise EngineError(
