@@ -6,6 +6,7 @@ import json
 import pathlib
 
 import pytest
+import wandb
 from test_isoflop import CONFIG, _isoflop
 
 from meltemi.levanter.config import load_config
@@ -117,6 +118,9 @@ def test_the_digest_goes_to_the_experiments_wandb_run(tmp_path, monkeypatch):
     logging = {"wandb": True, "wandb_project": "meltemi", "wandb_mode": "offline"}
     [where] = record_in_trackers(payload, logging, tmp_path, "isoflop-micro")
     assert where.startswith("wandb (offline) run ")
+    # `run.finish()` only informs W&B's service process, which closes (flushes) the run
+    # file afterwards; `teardown` waits for it, as the interpreter's exit would.
+    wandb.teardown()
     [run_file] = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
     data = run_file.read_bytes()
     assert b"prediction/sha256" in data and payload["sha256"].encode() in data

@@ -4,6 +4,8 @@ import json
 import pathlib
 import re
 
+import wandb
+
 from meltemi.levanter.config import load_config
 from meltemi.levanter.tracking import WANDB_ID_FILE
 from meltemi.levanter.trainer import train
@@ -27,6 +29,9 @@ def test_offline_wandb_run_records_every_logged_metric(tmp_path, monkeypatch):
     )
     result = train(resolved)
     assert result.step == 2
+    # `run.finish()` only informs W&B's service process, which closes (flushes) the run
+    # file afterwards; `teardown` waits for it, as the interpreter's exit would.
+    wandb.teardown()
 
     run_files = list((tmp_path / "run").glob("wandb/offline-run-*/run-*.wandb"))
     assert len(run_files) == 1, list((tmp_path / "run").rglob("*"))
