@@ -30,6 +30,10 @@ def open_wandb(
 ) -> Any:
     """A W&B run for `run_dir`, resuming the one a previous process of this run started.
 
+    In offline mode the run file under `run_dir/wandb` is written by W&B's service process,
+    which closes it after `run.finish()` returns: it is complete once the interpreter exits
+    or `wandb.teardown()` returns (run `wandb sync` after either).
+
     Args:
         run_dir: the run directory (holds `wandb/` and `wandb_id.txt`).
         project: the W&B project.
