@@ -7,9 +7,10 @@
 * `paged_attention.cc`: the engine's attention read through its page table in place (no
   gathered copy of the pages; `paged_attention`).
 
-Both are compiled on first use into one library with the system's C++ compiler (`$CXX`, else
-`g++`, `c++`, `clang++`) for this machine (`-march=native`), into a cache keyed by the
-sources, the compiler, the CPU's flags and the JAX version (`$MELTEMI_KERNEL_CACHE`, else
+Both (with `parallel.h`, their one parallel loop) are compiled on first use into one library
+with the system's C++ compiler (`$CXX`, else `g++`, `c++`, `clang++`) for this machine
+(`-march=native`), into a cache keyed by the sources, the compiler, the CPU's flags and the JAX
+version (`$MELTEMI_KERNEL_CACHE`, else
 `$XDG_CACHE_HOME/meltemi/kernels`, else `~/.cache/meltemi/kernels`); a few seconds, once.
 Without a compiler, on another backend, or with `MELTEMI_NATIVE_MATMUL=0`, `available()` is
 False and decoding keeps XLA (the reason is logged once).
@@ -45,6 +46,7 @@ ATTENTION_TARGET = "meltemi_paged_attention"
 _SOURCES = tuple(
     pathlib.Path(__file__).with_name(name) for name in ("small_matmul.cc", "paged_attention.cc")
 )
+_HEADERS = (pathlib.Path(__file__).with_name("parallel.h"),)  # included by the sources
 
 
 def _cache_dir() -> pathlib.Path:
@@ -85,7 +87,7 @@ def _compile(compiler: str) -> pathlib.Path:
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, check=True, timeout=60
     ).stdout
-    sources = [path.read_bytes() for path in _SOURCES]
+    sources = [path.read_bytes() for path in (*_SOURCES, *_HEADERS)]
     key = hashlib.sha256(
         b"\0".join(
             s.encode() if isinstance(s, str) else s

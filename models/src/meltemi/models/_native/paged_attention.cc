@@ -17,15 +17,14 @@
 // Portable C++ (`#pragma omp simd` reductions with -fopenmp-simd; no OpenMP runtime).
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <thread>
 #include <vector>
 
+#include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -42,8 +41,6 @@ struct Attention {
   int64_t B, T, H, G, D, P, S, NP;
   float scale, softcap;
   int64_t window;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
 
   // The page holding key position s of row b (an out-of-range entry reads page 0, the
   // engine's reserved page, rather than memory outside the pool).
@@ -93,13 +90,11 @@ struct Attention {
     for (int64_t d = 0; d < D; ++d) out_row[d] = a[d] * inv;
   }
 
-  // Work items are (row, kv head) pairs, claimed from a shared counter by the calling thread
-  // and the pool's tasks (the caller never waits on a task that has not started).
-  void Run() {
+  // One worker (see parallel.h): (row, kv head) items, each reading its pages once for all
+  // of its queries.
+  void Run(meltemi::Claims::Worker& claims) const {
     std::vector<float> w, acc, q_row(D);
-    for (;;) {
-      const int64_t item = next.fetch_add(1, std::memory_order_relaxed);
-      if (item >= B * H) return;
+    for (int64_t item; claims.Next(&item);) {
       const int64_t b = item / H, h = item % H;
       for (int64_t t = 0; t < T; ++t) {
         const int64_t p = pos[b * T + t];
@@ -108,7 +103,6 @@ struct Attention {
           Query(b, h, q + at, p, out + at, q_row, w, acc);
         }
       }
-      done.fetch_add(1, std::memory_order_release);
     }
   }
 };
@@ -144,12 +138,8 @@ ffi::Error PagedAttention(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
   work->scale = scale;
   work->softcap = softcap;
   work->window = window;
-  const int64_t items = work->B * work->H;
-  for (int64_t t = 1; t < pool.num_threads() && t < items; ++t) {
-    pool.Schedule([work] { work->Run(); });
-  }
-  work->Run();
-  while (work->done.load(std::memory_order_acquire) < items) std::this_thread::yield();
+  meltemi::ParallelFor(pool, work->B * work->H,
+                       [work](meltemi::Claims::Worker& claims) { work->Run(claims); });
   return ffi::Error::Success();
 }
 

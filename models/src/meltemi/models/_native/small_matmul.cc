@@ -11,12 +11,11 @@
 // Portable C++ (GCC/Clang vector extensions): the compiler maps a 16-float vector to one
 // AVX-512 register, two AVX2 registers or four NEON registers.
 
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <thread>
 
+#include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -78,26 +77,18 @@ void Panels(const float* x, int64_t M, int64_t K, const float* w, float* out, in
   for (; p < p1; ++p) Rows<1>(x, M, K, w + p * K * kLanes, out + p * kLanes, N);
 }
 
-// Chunks of panels claimed from a shared counter by the calling thread and the pool's tasks.
-// The caller waits only for chunks already claimed, so it never waits on a task that has not
-// started (no deadlock when the caller is itself one of the pool's threads); a task that
-// starts late finds no chunk left and returns. Shared ownership keeps the state alive for it.
+// Chunks of panels, the items of `meltemi::ParallelFor` (parallel.h).
 struct Work {
   const float* x;
   const float* w;
   float* out;
-  int64_t M, K, N, P, chunk, chunks;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
+  int64_t M, K, N, P, chunk;
 
-  void Run() {
-    for (;;) {
-      const int64_t c = next.fetch_add(1, std::memory_order_relaxed);
-      if (c >= chunks) return;
+  void Run(meltemi::Claims::Worker& claims) const {
+    for (int64_t c; claims.Next(&c);) {
       const int64_t p0 = c * chunk;
       const int64_t p1 = p0 + chunk < P ? p0 + chunk : P;
       Panels(x, M, K, w, out, N, p0, p1);
-      done.fetch_add(1, std::memory_order_release);
     }
   }
 };
@@ -124,12 +115,8 @@ ffi::Error SmallMatmul(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> packed,
   int64_t chunk = work->P / (4 * threads);
   chunk = chunk < kStep ? kStep : chunk - chunk % kStep;
   work->chunk = chunk;
-  work->chunks = (work->P + chunk - 1) / chunk;
-  for (int64_t t = 1; t < threads && t < work->chunks; ++t) {
-    pool.Schedule([work] { work->Run(); });
-  }
-  work->Run();
-  while (work->done.load(std::memory_order_acquire) < work->chunks) std::this_thread::yield();
+  meltemi::ParallelFor(pool, (work->P + chunk - 1) / chunk,
+                       [work](meltemi::Claims::Worker& claims) { work->Run(claims); });
   return ffi::Error::Success();
 }
 
