@@ -1,6 +1,7 @@
 """The paged attention kernels against the plain-JAX reference: the native CPU kernel
-(`_native.paged_attention`, backend `"native"`) and JAX's Pallas GPU paged attention (backend
-`"pallas_gpu"`, in Pallas' interpreter here); what `"auto"` picks; the engine's tokens on each."""
+(`_native.paged_attention`, backend `"native"`) and JAX's Pallas GPU and TPU paged attention
+(backends `"pallas_gpu"` and `"pallas_tpu"`, in Pallas' interpreters here); what `"auto"`
+picks; the engine's tokens on each."""
 
 import dataclasses
 
@@ -20,18 +21,19 @@ from meltemi.models.engine import (
     Request,
     native_paged_attention,
     pallas_gpu_paged_attention,
+    pallas_tpu_paged_attention,
     reference_paged_attention,
 )
 from meltemi.models.engine import _paged_attention as PA
 
 
-def _case(rng, b, t, h, g, d, pages, size, width):
+def _case(rng, b, t, h, g, d, pages, size, width, pool_dtype=jnp.float32):
     q = hax.named(
         jnp.asarray(rng.standard_normal((b, t, h, g, d)), jnp.float32),
         (BATCH, POSITION, KV_HEADS, Q_HEADS_PER_GROUP, HEAD_SIZE),
     )
-    k_pool = jnp.asarray(rng.standard_normal((h, pages, size, d)), jnp.float32)
-    v_pool = jnp.asarray(rng.standard_normal((h, pages, size, d)), jnp.float32)
+    k_pool = jnp.asarray(rng.standard_normal((h, pages, size, d)), pool_dtype)
+    v_pool = jnp.asarray(rng.standard_normal((h, pages, size, d)), pool_dtype)
     table = jnp.asarray(rng.integers(0, pages, (b, width)), jnp.int32)  # shuffled, repeats
     positions = jnp.asarray(rng.integers(0, width * size, (b, t)), jnp.int32)
     return q, k_pool, v_pool, table, positions
@@ -74,25 +76,81 @@ def test_pallas_gpu_kernel_equals_reference_on_decoding_rows(b, h, g, d, width, 
     np.testing.assert_allclose(got.array, want.array, rtol=0, atol=1e-5)
 
 
-def test_pallas_gpu_leaves_chunks_and_windows_to_the_reference(monkeypatch):
-    from jax.experimental.pallas.ops.gpu import paged_attention as pallas_gpu
+@pytest.mark.parametrize(
+    "b, h, g, d, width, options",
+    [
+        (3, 2, 3, 16, 4, {}),  # grouped queries
+        (2, 1, 1, 8, 8, {"softcap": 5.0, "scale": 0.3}),
+        (4, 2, 2, 8, 12, {}),  # a table width that is not a power of two
+    ],
+)
+def test_pallas_tpu_kernel_equals_reference_on_decoding_rows_of_bf16_pools(
+    b, h, g, d, width, options
+):
+    """JAX's Pallas TPU paged attention (in its TPU interpreter here): on bfloat16 pools the
+    bfloat16 rounding of what it loads is exact, and it computes in float32 as the reference
+    does from the same pools."""
+    args = _case(
+        np.random.default_rng(b + width), b, 1, h, g, d, pages=30, size=4, width=width,
+        pool_dtype=jnp.bfloat16,
+    )  # fmt: skip
+    kw = {"window": None, "softcap": None, "scale": None} | options
+    want = reference_paged_attention(*args, **kw)
+    got = pallas_tpu_paged_attention(*args, **kw)
+    assert got.axes == want.axes
+    np.testing.assert_allclose(got.array, want.array, rtol=0, atol=1e-5)
 
+
+@pytest.mark.parametrize(
+    "backend, module, pool_dtype",
+    [
+        (pallas_gpu_paged_attention, "gpu", jnp.float32),
+        (pallas_tpu_paged_attention, "tpu", jnp.bfloat16),
+    ],
+)
+def test_pallas_kernels_leave_chunks_and_windows_to_the_reference(
+    backend, module, pool_dtype, monkeypatch
+):
+    import importlib
+
+    pallas = importlib.import_module(f"jax.experimental.pallas.ops.{module}.paged_attention")
     called = []
-    kernel = pallas_gpu.paged_attention
+    kernel = pallas.paged_attention
     monkeypatch.setattr(
-        pallas_gpu, "paged_attention", lambda *a, **k: called.append(1) or kernel(*a, **k)
+        pallas, "paged_attention", lambda *a, **k: called.append(1) or kernel(*a, **k)
     )
     rng = np.random.default_rng(4)
     for t, window in ((3, None), (1, 5)):
-        args = _case(rng, 2, t, 2, 1, 8, pages=20, size=4, width=4)
+        args = _case(rng, 2, t, 2, 1, 8, pages=20, size=4, width=4, pool_dtype=pool_dtype)
         kw = {"window": window, "softcap": None, "scale": None}
-        got = pallas_gpu_paged_attention(*args, **kw).array
+        got = backend(*args, **kw).array
         np.testing.assert_allclose(got, reference_paged_attention(*args, **kw).array, atol=1e-6)
     assert not called
-    pallas_gpu_paged_attention(
-        *_case(rng, 2, 1, 2, 1, 8, pages=20, size=4, width=4), **kw | {"window": None}
-    )
+    backend(*_case(rng, 2, 1, 2, 1, 8, pages=20, size=4, width=4, pool_dtype=pool_dtype), **kw
+            | {"window": None})  # fmt: skip
     assert called
+
+
+def test_pallas_tpu_leaves_float32_pools_to_the_reference(monkeypatch):
+    """The TPU kernel rounds the keys and values it loads to bfloat16: on float32 pools it is
+    1e-2 off (the first check shows it), so they run the reference."""
+    from jax.experimental.pallas import tpu as pltpu
+    from jax.experimental.pallas.ops.tpu import paged_attention as pallas_tpu
+
+    q, k_pool, v_pool, table, positions = _case(
+        np.random.default_rng(6), 3, 1, 2, 3, 16, pages=30, size=4, width=4
+    )
+    qa = (q.array * 16**-0.5).reshape(3, 6, 16)
+    with pltpu.force_tpu_interpret_mode():
+        raw = pallas_tpu.paged_attention(
+            qa, k_pool, v_pool, positions[:, 0] + 1, table, pages_per_compute_block=2
+        )
+    kw = {"window": None, "softcap": None, "scale": None}
+    want = reference_paged_attention(q, k_pool, v_pool, table, positions, **kw).array
+    assert np.abs(np.asarray(raw).reshape(want.shape) - want).max() > 1e-3
+    monkeypatch.setattr(pallas_tpu, "paged_attention", lambda *a, **k: 1 / 0)  # not called
+    got = pallas_tpu_paged_attention(q, k_pool, v_pool, table, positions, **kw).array
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 
 def test_padding_rows_read_nothing_outside_the_pool():
@@ -118,6 +176,8 @@ def test_auto_picks_the_platforms_kernel_on_one_device_only(monkeypatch):
     assert PA.resolve_paged_backend("auto") is native_paged_attention
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert PA.resolve_paged_backend("auto") is pallas_gpu_paged_attention
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    assert PA.resolve_paged_backend("auto") is pallas_tpu_paged_attention
     monkeypatch.setattr(jax, "device_count", lambda: 8)  # sharded pools: SPMD needs XLA's ops
     assert PA.resolve_paged_backend("auto") is reference_paged_attention
 
@@ -166,16 +226,30 @@ def test_engine_runs_the_kernel_with_the_reference_tokens(preset, monkeypatch):
     )
 
 
-def test_engine_on_the_pallas_gpu_kernel_gives_the_reference_tokens():
+@pytest.mark.parametrize("platform, cache_dtype", [("gpu", "float32"), ("tpu", "bfloat16")])
+def test_engine_on_a_pallas_kernel_gives_the_reference_tokens(platform, cache_dtype, monkeypatch):
+    import importlib
+
+    pallas = importlib.import_module(f"jax.experimental.pallas.ops.{platform}.paged_attention")
+    traced = []
+    kernel = pallas.paged_attention
+    monkeypatch.setattr(
+        pallas, "paged_attention", lambda *a, **k: traced.append(1) or kernel(*a, **k)
+    )
     cfg = mm.get_preset("tiny-llama").replace(max_seq_len=32)
     model = T.random_model(cfg, seed=5)
     page_bytes = 2 * cfg.num_layers * 8 * cfg.num_kv_heads * cfg.head_size * 4
-    config = EngineConfig(kv_bytes=12 * page_bytes, page_size=8, max_seqs=2, prefill_chunk=8)
+    config = EngineConfig(
+        kv_bytes=12 * page_bytes, page_size=8, max_seqs=2, prefill_chunk=8,
+        cache_dtype=cache_dtype,
+    )  # fmt: skip
     prompts = [[3, 17, 29, 4, 41, 8, 9, 10, 11], [5, 60]]
     out = []
-    for backend in ("pallas_gpu", "reference"):
-        engine = Engine(model, dataclasses.replace(config, attention_backend=backend))
+    for name in (f"pallas_{platform}", "reference"):
+        engine = Engine(model, dataclasses.replace(config, attention_backend=name))
         ids = [engine.submit(Request(p, 8, stop_ids=())) for p in prompts]
         done = engine.run_until_done()
         out.append([done[i][0] for i in ids])
+        assert bool(traced) == (name != "reference"), name
+        traced.clear()
     assert out[0] == out[1]

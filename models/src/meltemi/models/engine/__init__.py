@@ -19,6 +19,7 @@ from meltemi.models.engine._paged_attention import (
     PAGED_BACKENDS,
     native_paged_attention,
     pallas_gpu_paged_attention,
+    pallas_tpu_paged_attention,
     reference_paged_attention,
 )
 from meltemi.models.engine._pages import PageAllocator
@@ -36,5 +37,6 @@ __all__ = [
     "RequestError",
     "native_paged_attention",
     "pallas_gpu_paged_attention",
+    "pallas_tpu_paged_attention",
     "reference_paged_attention",
 ]

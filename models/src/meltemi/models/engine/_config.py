@@ -57,10 +57,12 @@ class EngineConfig:
             `max_seqs + prefill_chunk` (a full chunk at every batch size).
         max_logprobs: most top alternatives a request may ask for (`Request.logprobs`).
         cache_dtype: `"float32"` or `"bfloat16"` (default: the model's embedding dtype).
-        attention_backend: `"auto"` (per platform: `"pallas_gpu"` on one GPU, `"native"` on
-            one CPU device, else `"reference"`), `"reference"` (plain JAX gather through the
-            page table; every platform), `"native"` (the CPU kernel, float32) or
-            `"pallas_gpu"` (JAX's Pallas GPU paged attention for decoding rows).
+        attention_backend: `"auto"` (per platform: `"pallas_gpu"` on one GPU, `"pallas_tpu"`
+            on one TPU, `"native"` on one CPU device, else `"reference"`), `"reference"`
+            (plain JAX gather through the page table; every platform), `"native"` (the CPU
+            kernel, float32), `"pallas_gpu"` (JAX's Pallas GPU paged attention for decoding
+            rows) or `"pallas_tpu"` (JAX's Pallas TPU paged attention for decoding rows of
+            bfloat16 pools, `cache_dtype="bfloat16"`).
         max_waiting: bound on queued (not yet admitted) requests; `None`: unbounded.
         decode_steps: decoding steps per call while no prompt is being prefilled (one
             host round trip per `decode_steps` tokens; `step()` then returns up to that many

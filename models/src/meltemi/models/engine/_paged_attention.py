@@ -19,14 +19,18 @@ scale) -> out` in `PAGED_BACKENDS`:
   the same order of operations);
 * `"native"`: the CPU kernel `_native.paged_attention` (reads the pages in place; float32);
 * `"pallas_gpu"`: JAX's Pallas GPU paged attention for decoding rows (one query per row, no
-  sliding window; everything else runs the reference), in Pallas' interpreter off the GPU.
+  sliding window; everything else runs the reference), in Pallas' interpreter off the GPU;
+* `"pallas_tpu"`: JAX's Pallas TPU paged attention for decoding rows of bfloat16 pools (it
+  rounds what it loads to bfloat16; everything else runs the reference), in Pallas' TPU
+  interpreter off the TPU.
 
-`"auto"` (`resolve_paged_backend`) picks `"pallas_gpu"` on GPUs, `"native"` on one CPU device
-where it builds, else the reference.
+`"auto"` (`resolve_paged_backend`) picks `"pallas_gpu"` on one GPU, `"pallas_tpu"` on one TPU,
+`"native"` on one CPU device where it builds, else the reference.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -218,16 +222,65 @@ def pallas_gpu_paged_attention(
     return like_q(out.reshape(qa.shape), axes, q)
 
 
+def pallas_tpu_paged_attention(
+    q: hax.NamedArray,
+    k_pool: jax.Array,
+    v_pool: jax.Array,
+    page_table: jax.Array,
+    q_positions: jax.Array,
+    *,
+    window: int | None,
+    softcap: float | None,
+    scale: float | None,
+) -> hax.NamedArray:
+    """`reference_paged_attention` on JAX's Pallas TPU paged attention kernel
+    (`jax.experimental.pallas.ops.tpu.paged_attention`) for decoding rows of bfloat16 pools:
+    one query per row, no sliding window. The kernel rounds the keys and values it loads to
+    bfloat16 (then computes in float32), which is exact only for bfloat16 pools: float32 pools
+    (up to 1e-2 off here), prompt chunks and windowed layers run the reference. Off the TPU the
+    kernel runs in Pallas' TPU interpreter (for tests)."""
+    from jax.experimental.pallas import tpu as pltpu
+    from jax.experimental.pallas.ops.tpu import paged_attention as pallas_tpu
+
+    bf16 = k_pool.dtype == v_pool.dtype == jnp.bfloat16
+    if q.resolve_axis(POSITION).size != 1 or window is not None or not bf16:
+        return reference_paged_attention(
+            q, k_pool, v_pool, page_table, q_positions, window=window, softcap=softcap, scale=scale
+        )
+    qa, axes = in_q_order(q)  # [batch, 1, kv_heads, group, head]
+    batch, pages = page_table.shape
+    head = qa.shape[-1]
+    if scale is None:
+        scale = head**-0.5
+    call = functools.partial(
+        pallas_tpu.paged_attention,
+        (qa * jnp.asarray(scale, qa.dtype)).reshape(batch, -1, head),
+        k_pool,
+        v_pool,
+        (q_positions[:, 0] + 1).astype(jnp.int32),
+        page_table.astype(jnp.int32),
+        pages_per_compute_block=min(8, pages & -pages),  # a power of two dividing the width
+        attn_logits_soft_cap=softcap,
+    )
+    if jax.default_backend() == "tpu":
+        out = call()
+    else:
+        with pltpu.force_tpu_interpret_mode():
+            out = call()
+    return like_q(out.reshape(qa.shape), axes, q)
+
+
 PagedAttention = Callable[..., hax.NamedArray]
 
 PAGED_BACKENDS: dict[str, PagedAttention] = {
     "reference": reference_paged_attention,
     "native": native_paged_attention,
     "pallas_gpu": pallas_gpu_paged_attention,
+    "pallas_tpu": pallas_tpu_paged_attention,
 }
 """Paged attention kernels by name (`EngineConfig.attention_backend`)."""
 
-_PLATFORM_BACKENDS: dict[str, str] = {"gpu": "pallas_gpu"}
+_PLATFORM_BACKENDS: dict[str, str] = {"gpu": "pallas_gpu", "tpu": "pallas_tpu"}
 """The kernel `"auto"` picks per platform on one device; elsewhere the native CPU kernel where
 it builds, else the reference."""
 
