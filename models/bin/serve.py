@@ -47,6 +47,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max_waiting", type=int, default=64, help="queued requests before 429s")
     p.add_argument("--max_logprobs", type=int, default=5, help="largest logprobs a request may ask")
     p.add_argument("--cache_dtype", choices=("float32", "bfloat16"), default=None)
+    p.add_argument(
+        "--prefix_cache", action=argparse.BooleanOptionalAction, default=False,
+        help="keep finished prompts' KV pages for requests that start the same way (the "
+        "logits may then differ in the last bits from an uncached run's)",
+    )  # fmt: skip
     p.add_argument("--log_level", default="info", help="uvicorn log level")
     return p
 
@@ -74,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             max_logprobs=args.max_logprobs,
             cache_dtype=args.cache_dtype,
             max_waiting=args.max_waiting,
+            prefix_cache=args.prefix_cache,
         )
         app, runner = load_app(
             args.checkpoint,

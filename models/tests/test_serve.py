@@ -315,3 +315,26 @@ def test_runner_lowers_the_switch_interval_while_it_runs_and_restores_it(direct)
     untouched.start(warmup=False)
     untouched.stop()
     assert sys.getswitchinterval() == before
+
+
+def test_prefix_cache_reads_a_shared_prompt_start_and_reports_it(checkpoint, direct):
+    """`--prefix_cache`: the second request's shared start comes from the cache (OpenAI's
+    `usage.prompt_tokens_details.cached_tokens`, and `/metrics`), with the uncached tokens."""
+    import dataclasses
+
+    engine, tokenizer = direct
+    start = _ids(tokenizer, "You are a helpful assistant. Answer in one word. Question:")
+    prompts = [start + _ids(tokenizer, " Athens?"), start + _ids(tokenizer, " Rome?")]
+    cached = dataclasses.replace(ENGINE, prefix_cache=True)
+    for url, _ in chat_testing.serve(checkpoint, cached, NAME):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        outs = [
+            client.completions.create(model=NAME, prompt=p, max_tokens=6, temperature=0)
+            for p in prompts
+        ]
+        total = chat_testing.metrics(url)["meltemi_prompt_cached_tokens_total"]
+    assert outs[0].usage.prompt_tokens_details.cached_tokens == 0
+    assert outs[1].usage.prompt_tokens_details.cached_tokens == len(start) // PAGE * PAGE > 0
+    assert total == outs[1].usage.prompt_tokens_details.cached_tokens
+    rid = engine.submit(Request(prompts[1], max_tokens=6))
+    assert outs[1].choices[0].text == tokenizer.decode(engine.run_until_done()[rid][0])

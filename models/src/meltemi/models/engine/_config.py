@@ -68,6 +68,12 @@ class EngineConfig:
             host round trip per `decode_steps` tokens; `step()` then returns up to that many
             events per sample, the same tokens as with 1).
         seed: draws the seed of requests submitted without one.
+        prefix_cache: keep the full KV pages of finished prompts and samples, found by their
+            tokens, until their space is needed: a request whose prompt starts with pages
+            already computed (a shared system prompt, a conversation's earlier turns, the
+            choices of one question) prefills only the rest. Off by default: a cached page
+            was computed in another step's shapes, so logits may differ in the last bits from
+            an uncached run's, and a request's output then depends on what ran before it.
 
     >>> EngineConfig(kv_bytes=1 << 20, page_size=8).max_seqs
     8
@@ -89,6 +95,7 @@ class EngineConfig:
     max_waiting: int | None = None
     decode_steps: int = 1
     seed: int = 0
+    prefix_cache: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -117,6 +124,8 @@ class EngineConfig:
                 f"EngineConfig.cache_dtype={self.cache_dtype!r}: must be None, 'float32' or "
                 "'bfloat16'"
             )
+        if not isinstance(self.prefix_cache, bool):
+            raise EngineError(f"EngineConfig.prefix_cache={self.prefix_cache!r}: must be a bool")
         if self.max_waiting is not None and self.max_waiting < 0:
             raise EngineError(f"EngineConfig.max_waiting={self.max_waiting!r}: must be >= 0")
 
@@ -168,6 +177,8 @@ class Event(NamedTuple):
             tokens at this step, or `None` when it asked for none.
         finish_reason: `None` (more to come), `"stop"` (a stop id) or `"length"`
             (`max_tokens` reached).
+        cached_tokens: prompt tokens of this request read from the prefix cache rather than
+            prefilled (`EngineConfig.prefix_cache`; 0 without it).
     """
 
     request_id: int
@@ -176,3 +187,4 @@ class Event(NamedTuple):
     logprob: float
     top_logprobs: tuple[tuple[int, float], ...] | None
     finish_reason: FinishReason | None
+    cached_tokens: int = 0

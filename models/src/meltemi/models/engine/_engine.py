@@ -20,6 +20,13 @@ Pages are planned at admission: a request holds, for sample 0, the pages of its 
 pages, which it shares (the prompt is prefilled once; the partial last page is copied). So a
 running sequence never waits for memory, and a request that could never fit is refused at
 `submit`. Pages go back to the free list when a sample ends or is cancelled.
+
+With `EngineConfig.prefix_cache`, the full pages of a prompt are registered under their tokens
+(`_pages.page_keys`: each key digests its page's tokens and the key before it) when its last
+chunk is in, and those of a sample's generated tokens when it ends. A request admitted later
+takes the cached pages of its prompt's longest registered prefix (all but the page of its last
+token, which is always prefilled) and prefills from there. Released cached pages stay findable
+until `alloc` needs their space (least recently released first); new weights forget them all.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from meltemi.models.engine._config import (
     RequestError,
 )
 from meltemi.models.engine._paged_attention import resolve_paged_backend
-from meltemi.models.engine._pages import NULL_PAGE, PageAllocator
+from meltemi.models.engine._pages import NULL_PAGE, PageAllocator, page_keys
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _prepare = eqx.filter_jit(F.prepare)
@@ -70,9 +77,12 @@ class _Live:
     stop: frozenset[int]
     seed: int
     pages_needed: int
+    keys: list[bytes]  # the prompt's full pages' `page_keys` (with `prefix_cache`)
     slots: list[int] = dataclasses.field(default_factory=list)
     samples: list[_Sample] = dataclasses.field(default_factory=list)
     prefilled: int = 0
+    cached: int = 0  # prompt tokens read from the prefix cache
+    weights: int = 0  # `Engine._weights` at admission
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -155,6 +165,9 @@ class Engine:
         self._live: dict[int, _Live] = {}
         self._next_id = 0
         self._rng = np.random.default_rng(config.seed)
+        self._weights = 0  # bumped by `update_weights`
+        self.num_cached_tokens = 0
+        """Prompt tokens read from the prefix cache so far (`EngineConfig.prefix_cache`)."""
         self._leaves = _leaf_specs(model)
 
     # -- requests ------------------------------------------------------------------------------
@@ -216,7 +229,9 @@ class Engine:
         seed = int(self._rng.integers(2**32)) if r.seed is None else int(r.seed)
         rid = self._next_id
         self._next_id += 1
-        return _Live(rid, r, prompt.astype(np.int32), frozenset(stop), seed, needed)
+        prompt = prompt.astype(np.int32)
+        keys = page_keys(prompt, cfg.page_size) if cfg.prefix_cache else []
+        return _Live(rid, r, prompt, frozenset(stop), seed, needed, keys)
 
     def _pages_needed(self, prompt_len: int, max_tokens: int, n: int) -> int:
         ps = self.config.page_size
@@ -254,13 +269,21 @@ class Engine:
         while self._waiting:
             live = self._waiting[0]
             n = live.request.n
+            length = live.prompt.size
+            # Cached pages up to the last prompt token's page, which is always prefilled (its
+            # logits start the samples) into a page of its own.
+            cached = self.pages.match(live.keys[: (length - 1) // ps])
             free = [s for s, v in enumerate(self._slots) if v is None]
-            if len(free) < n or self.pages.num_free < live.pages_needed:
+            available = self.pages.num_free - self.pages.num_unheld(cached)
+            if len(free) < n or available < live.pages_needed - len(cached):
                 return
             self._waiting.popleft()
-            length = live.prompt.size
             per_sample = _ceil_div(length + live.request.max_tokens - 1, ps)
-            first = self.pages.alloc(per_sample)
+            self.pages.claim(cached)
+            first = cached + self.pages.alloc(per_sample - len(cached))
+            live.prefilled = live.cached = len(cached) * ps
+            live.weights = self._weights
+            self.num_cached_tokens += live.cached
             shared = first[: length // ps]
             live.samples = [_Sample(first)]
             for _ in range(n - 1):
@@ -273,9 +296,27 @@ class Engine:
                 self._table[slot, : len(smp.pages)] = smp.pages
             self._prefilling.append(live)
 
+    def _cache_pages(self, live: _Live, i: int) -> None:
+        """Registers sample `i`'s full pages whose keys and values are all written (the
+        prompt's, then those of its generated tokens but the last, which was never fed)."""
+        if not self.config.prefix_cache or live.weights != self._weights:
+            return
+        ps, smp, length = self.config.page_size, live.samples[i], live.prompt.size
+        if not smp.generated:  # the prompt, as its last chunk went in
+            for page, key in zip(smp.pages, live.keys, strict=False):
+                self.pages.register(page, key)
+            return
+        start = length // ps  # the prompt's full pages are registered already
+        tokens = np.concatenate([live.prompt, np.asarray(smp.generated[:-1], np.int32)])
+        keys = page_keys(tokens[start * ps :], ps, parent=live.keys[start - 1] if start else b"")
+        for page, key in zip(smp.pages[start:], keys, strict=False):
+            self.pages.register(page, key)
+
     def _finish(self, live: _Live, i: int) -> None:
         smp = live.samples[i]
         smp.done = True
+        if smp.generated:
+            self._cache_pages(live, i)
         self.pages.release(smp.pages)
         slot = live.slots[i]
         self._slots[slot] = None
@@ -319,7 +360,7 @@ class Engine:
             reason = "length"
         if reason is not None:
             self._finish(live, i)
-        return Event(live.rid, i, token, lp, top, reason)
+        return Event(live.rid, i, token, lp, top, reason, live.cached)
 
     def step(self) -> list[Event]:
         """Admit, then one compiled call: decode one token for every generating sample, and
@@ -483,6 +524,7 @@ class Engine:
             live.prefilled += n
         for live, r0 in finals:
             self._prefilling.popleft()  # the finished prompts are the oldest ones
+            self._cache_pages(live, 0)
             for i, smp in enumerate(live.samples):
                 if smp.cancelled:
                     self._finish(live, i)
@@ -586,6 +628,10 @@ class Engine:
                     "(cast with jax.tree.map(lambda x: x.astype(...), model))"
                 )
         self._leaves_now = jax.tree.leaves(_prepare(model))
+        # Cached pages hold the old weights' keys and values; running requests keep theirs
+        # but do not cache them.
+        self.pages.clear_cache()
+        self._weights += 1
 
 
 def _leaf_specs(model: Any) -> list[tuple[str, tuple[tuple[int, ...], str]]]:

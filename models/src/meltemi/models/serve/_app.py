@@ -51,6 +51,7 @@ class _Generation:
         self.handle = handle
         self.runner = runner
         self.samples = [_Sample() for _ in range(params.n)]
+        self.cached = 0  # prompt tokens the engine read from its prefix cache
         self.hold = max((len(s) for s in params.stop), default=1) - 1
 
     @property
@@ -61,6 +62,7 @@ class _Generation:
         """Applies one event; returns `(sample, new text, token record)` to send, or None when
         the sample had already ended (a stop string matched before the engine knew)."""
         s = self.samples[event.sample]
+        self.cached = event.cached_tokens
         if s.finish is not None:
             return None
         s.ids.append(event.token)
@@ -91,6 +93,7 @@ class _Generation:
             "prompt_tokens": prompt_len,
             "completion_tokens": completion,
             "total_tokens": prompt_len + completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached},
         }
 
 
@@ -429,6 +432,8 @@ def _prometheus(runner: EngineRunner) -> str:
         ("meltemi_requests_cancelled_total", "counter", "requests cancelled (client gone)",
          s.cancelled),
         ("meltemi_prompt_tokens_total", "counter", "prompt tokens submitted", s.prompt_tokens),
+        ("meltemi_prompt_cached_tokens_total", "counter",
+         "prompt tokens read from the prefix cache", s.cached_tokens),
         ("meltemi_generated_tokens_total", "counter", "tokens generated", s.generated_tokens),
         ("meltemi_engine_steps_total", "counter", "engine steps", s.steps),
         ("meltemi_compiles_total", "counter", "XLA compilations in this process", s.compiles),

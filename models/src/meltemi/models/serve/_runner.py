@@ -50,6 +50,7 @@ class Stats:
     cancelled: int = 0
     generated_tokens: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     steps: int = 0
     queue_depth: int = 0
     running: int = 0
@@ -248,6 +249,7 @@ class EngineRunner:
             running=e.num_running,
             pages_in_use=e.pages.capacity - e.pages.num_free,
             pages_capacity=e.pages.capacity,
+            cached_tokens=e.num_cached_tokens,
             compiles=self._compiles,
         )
 
