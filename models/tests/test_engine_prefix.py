@@ -74,6 +74,19 @@ def test_a_repeated_prompt_prefills_its_last_page_again(model):
     _same(events, _uncached(model, request))
 
 
+def test_a_prompts_pages_are_findable_as_soon_as_its_chunks_are_in(model):
+    engine = Engine(model, CONFIG)
+    first = engine.submit(Request([*SYSTEM, 5], 4, stop_ids=()))
+    engine.step()  # the first chunk: 8 tokens, 2 pages
+    request = Request([*SYSTEM, 30, 31], 4, stop_ids=())
+    rid = engine.submit(request)
+    events = []
+    while engine.has_work:
+        events += [e for e in engine.step() if e.request_id == rid]
+    assert events[0].cached_tokens == 8 and first not in engine._live
+    _same(events, _uncached(model, request))
+
+
 def test_the_cached_pages_are_what_the_request_reads(model):
     """The check above can fail: zeroing the cached pages' keys and values changes the output."""
     engine = Engine(model, CONFIG)

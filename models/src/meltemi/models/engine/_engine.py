@@ -22,8 +22,8 @@ running sequence never waits for memory, and a request that could never fit is r
 `submit`. Pages go back to the free list when a sample ends or is cancelled.
 
 With `EngineConfig.prefix_cache`, the full pages of a prompt are registered under their tokens
-(`_pages.page_keys`: each key digests its page's tokens and the key before it) when its last
-chunk is in, and those of a sample's generated tokens when it ends. A request admitted later
+(`_pages.page_keys`: each key digests its page's tokens and the key before it) as its chunks
+go in, and those of a sample's generated tokens when it ends. A request admitted later
 takes the cached pages of its prompt's longest registered prefix (all but the page of its last
 token, which is always prefilled) and prefills from there. Released cached pages stay findable
 until `alloc` needs their space (least recently released first); new weights forget them all.
@@ -297,13 +297,14 @@ class Engine:
             self._prefilling.append(live)
 
     def _cache_pages(self, live: _Live, i: int) -> None:
-        """Registers sample `i`'s full pages whose keys and values are all written (the
-        prompt's, then those of its generated tokens but the last, which was never fed)."""
+        """Registers sample `i`'s full pages whose keys and values are all written: while the
+        prompt is prefilled, its pages up to `prefilled` (held by sample 0); when the sample
+        ends, those of its generated tokens but the last, which was never fed."""
         if not self.config.prefix_cache or live.weights != self._weights:
             return
         ps, smp, length = self.config.page_size, live.samples[i], live.prompt.size
-        if not smp.generated:  # the prompt, as its last chunk went in
-            for page, key in zip(smp.pages, live.keys, strict=False):
+        if not smp.generated:
+            for page, key in zip(smp.pages, live.keys[: live.prefilled // ps], strict=False):
                 self.pages.register(page, key)
             return
         start = length // ps  # the prompt's full pages are registered already
@@ -522,9 +523,9 @@ class Engine:
         ]
         for live, _, n, _ in parts:
             live.prefilled += n
+            self._cache_pages(live, 0)  # its pages are findable as soon as they are written
         for live, r0 in finals:
             self._prefilling.popleft()  # the finished prompts are the oldest ones
-            self._cache_pages(live, 0)
             for i, smp in enumerate(live.samples):
                 if smp.cancelled:
                     self._finish(live, i)
