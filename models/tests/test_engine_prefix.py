@@ -76,15 +76,30 @@ def test_a_repeated_prompt_prefills_its_last_page_again(model):
 
 def test_a_prompts_pages_are_findable_as_soon_as_its_chunks_are_in(model):
     engine = Engine(model, CONFIG)
-    first = engine.submit(Request([*SYSTEM, 5], 4, stop_ids=()))
-    engine.step()  # the first chunk: 8 tokens, 2 pages
-    request = Request([*SYSTEM, 30, 31], 4, stop_ids=())
+    engine.submit(Request([*SYSTEM, 5], 4, stop_ids=()))
+    engine.step()  # its first chunk: 8 tokens, 2 pages
+    request = Request([*SYSTEM[:8], 30, 31, 32, 33, 34, 35], 4, stop_ids=())
     rid = engine.submit(request)
-    events = []
+    events = [e for e in engine.step() if e.request_id == rid]
+    assert engine.num_running == 2  # admitted while the first prompt is still being prefilled
     while engine.has_work:
         events += [e for e in engine.step() if e.request_id == rid]
-    assert events[0].cached_tokens == 8 and first not in engine._live
+    assert events[0].cached_tokens == 8
     _same(events, _uncached(model, request))
+
+
+def test_a_burst_with_one_system_prompt_prefills_it_once(model):
+    """Requests that start like a prompt being prefilled wait for its pages rather than
+    prefilling them beside it; later ones (behind them in the queue) wait in order."""
+    engine = Engine(model, CONFIG)
+    requests = [Request([*SYSTEM, 40 + i, 50 + i], 4, stop_ids=()) for i in range(3)]
+    ids = [engine.submit(r) for r in requests]
+    engine.step()
+    assert engine.num_running == 1
+    done = engine.run_until_done()
+    assert engine.num_cached_tokens == 2 * len(SYSTEM)
+    for rid, request in zip(ids, requests, strict=True):
+        assert done[rid][0] == [e.token for e in _uncached(model, request)]
 
 
 def test_the_cached_pages_are_what_the_request_reads(model):

@@ -57,18 +57,18 @@ def test_prompt_buckets_are_powers_of_two_from_16():
 
 
 def test_prefix_bench_quick_mode_reads_the_shared_start_from_the_cache():
-    """`prefix_bench --quick`: the cached side prefills fewer prompt tokens (the shared start of
-    the requests admitted after the first prompt is in) and gives the same greedy tokens."""
+    """`prefix_bench --quick`: the cached side prefills the shared start once and gives the
+    same greedy tokens."""
     import prefix_bench
 
     out = prefix_bench.measure(quick=True)
-    shared, own, _, requests, slots, _ = prefix_bench.WORKLOADS["quick"]
+    shared, own, _, requests, _, _ = prefix_bench.WORKLOADS["quick"]
     assert out["greedy_tokens_equal"]
     u, c = out["uncached"], out["prefix_cache"]
     assert u["prompt_tokens"] == c["prompt_tokens"] == requests * (shared + own)
     assert u["cached_prompt_tokens"] == 0
-    # The first `slots` requests are admitted together, before any prompt is in the cache;
-    # each later one reads the 24-token start (6 pages of 4) from it.
-    assert c["cached_prompt_tokens"] == (requests - slots) * shared
+    # The first request prefills the 24-token start (6 pages of 4); the others wait for its
+    # pages and read them from the cache.
+    assert c["cached_prompt_tokens"] == (requests - 1) * shared
     for key in ("prefix_cache_vs_uncached_wall", "prefix_cache_vs_uncached_ttft"):
         assert out[key] > 0

@@ -272,7 +272,10 @@ class Engine:
             length = live.prompt.size
             # Cached pages up to the last prompt token's page, which is always prefilled (its
             # logits start the samples) into a page of its own.
-            cached = self.pages.match(live.keys[: (length - 1) // ps])
+            wanted = live.keys[: (length - 1) // ps]
+            cached = self.pages.match(wanted)
+            if self._in_flight(wanted) > len(cached):
+                return  # a prompt being prefilled is writing more of it: wait a step or two
             free = [s for s, v in enumerate(self._slots) if v is None]
             available = self.pages.num_free - self.pages.num_unheld(cached)
             if len(free) < n or available < live.pages_needed - len(cached):
@@ -295,6 +298,23 @@ class Engine:
                 self._table[slot] = NULL_PAGE
                 self._table[slot, : len(smp.pages)] = smp.pages
             self._prefilling.append(live)
+
+    def _in_flight(self, keys: list[bytes]) -> int:
+        """The most leading pages of `keys` that a prompt being prefilled (under the current
+        weights) will register: a request that starts like it is admitted once they are in,
+        rather than prefilling them a second time beside it (a burst of requests with one
+        system prompt prefills it once)."""
+        best = 0
+        for other in self._prefilling:
+            if other.weights != self._weights:
+                continue
+            common = 0
+            for a, b in zip(keys, other.keys, strict=False):
+                if a != b:
+                    break
+                common += 1
+            best = max(best, common)
+        return best
 
     def _cache_pages(self, live: _Live, i: int) -> None:
         """Registers sample `i`'s full pages whose keys and values are all written: while the
