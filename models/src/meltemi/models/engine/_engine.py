@@ -25,7 +25,8 @@ With `EngineConfig.prefix_cache`, the full pages of a prompt are registered unde
 (`_pages.page_keys`: each key digests its page's tokens and the key before it) as its chunks
 go in, and those of a sample's generated tokens when it ends. A request admitted later
 takes the cached pages of its prompt's longest registered prefix (all but the page of its last
-token, which is always prefilled) and prefills from there. Released cached pages stay findable
+token, which is always prefilled) and prefills from there; one that starts like a prompt
+still being prefilled waits until those pages are written. Released cached pages stay findable
 until `alloc` needs their space (least recently released first); new weights forget them all.
 """
 
