@@ -153,3 +153,13 @@ def test_the_shipped_sft_set_is_its_generators_output():
     # two in three training answers are in the format the reward refuses (`46.0`)
     suffixed = [line.endswith('.0"}') for line in module.lines("train")]
     assert sum(suffixed) == 1815 and not any(t.endswith('.0"}') for t in module.lines("test"))
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_rl_prefix_cache_reaches_the_workers_engines(on):
+    from meltemi.levanter.config import resolve
+    from meltemi.levanter.rl import RLTrainer
+
+    config = _rl_config(prefix_cache=on)
+    trainer = RLTrainer(resolve(config), rl_spec(config))
+    assert trainer._worker_spec().engine.prefix_cache is on

@@ -115,15 +115,19 @@ RETRY_ENV = ArithmeticEnv(max_operand=5, retries=1)
 LONG = 48  # prompt, a first answer, the environment's "no, try again: 3+1=" and a second one
 
 
-def test_a_multi_turn_episode_continues_after_the_environments_message():
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_a_multi_turn_episode_continues_after_the_environments_message(prefix_cache):
     """`max_turns=2` with an environment that answers a wrong first turn: the policy samples a
     second turn after the message; the message's tokens are in the response but not trained
     (log-prob 0, mask 0), the second turn's log-probs are the policy's with the message in
-    context, and the reward scores the last turn."""
+    context, and the reward scores the last turn. With `rl.prefix_cache` the second turn reads
+    the first turn's pages (the prompt's) from the cache, with the same guarantees."""
     config = CONFIG.replace(max_seq_len=LONG)
     model = mm.Transformer.init(config, key=jax.random.key(0))
     model = jax.tree.map(lambda x: x * 8 if x.ndim == 2 else x, model)
-    engine = EngineConfig(kv_bytes=1 << 20, page_size=8, max_seqs=12, max_seq_len=LONG)
+    engine = EngineConfig(
+        kv_bytes=1 << 20, page_size=8, max_seqs=12, max_seq_len=LONG, prefix_cache=prefix_cache
+    )
     spec = WorkerSpec(model=config, lora=None, engine=engine, tokenizer="byte", env=RETRY_ENV,
                       samples=2, max_tokens=5, seed=3, max_turns=2)  # fmt: skip
     worker = RolloutWorker(spec, weight_payload(model, adapters_only=False), version=0)
@@ -150,6 +154,7 @@ def test_a_multi_turn_episode_continues_after_the_environments_message():
             last = bytes(t for t in second if t < 256).decode(errors="replace")
             assert g.rewards[s] == RETRY_ENV.reward(g.prompt, last)
     assert retried >= 3  # random weights: most first answers are wrong
+    assert (worker.engine.num_cached_tokens > 0) == prefix_cache
 
     batch = step_batch(groups, [0] * 3, prompts=3, n=2, length=LONG)
     logps = np.asarray(sampled_logps(model(batch.tokens).array, batch.tokens))

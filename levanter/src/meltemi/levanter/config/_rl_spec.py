@@ -109,6 +109,15 @@ class RLSpec:
         8 << 20, "KV pool bytes of each worker's engine.", AtLeast(1, example=64 << 20)
     )
     max_seqs: int = key(32, "Decode slots of each worker's engine.", AtLeast(1, example=32))
+    prefix_cache: bool = key(
+        False,
+        "Each worker's engine keeps the KV pages of earlier turns (EngineConfig.prefix_cache): "
+        "a multi-turn episode's next turn reads its context's pages instead of prefilling it "
+        "again. Off by default: a cached page was computed in another step's shapes, so samples "
+        "then depend in the last bits on what the worker ran before (not bitwise reproducible "
+        "across a restart).",
+        Flag(),
+    )
     verify_timeout_s: float = key(
         10.0,
         "Seconds a verifier may take on one sample; a slower one scores 0 and is counted "

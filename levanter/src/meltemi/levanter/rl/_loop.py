@@ -222,7 +222,7 @@ class RLTrainer:
         spec, rl = self.spec, self.rl
         engine = EngineConfig(
             kv_bytes=rl.kv_bytes, page_size=16, max_seqs=rl.max_seqs,
-            max_seq_len=spec.data.seq_len, seed=spec.trainer.seed,
+            max_seq_len=spec.data.seq_len, seed=spec.trainer.seed, prefix_cache=rl.prefix_cache,
         )  # fmt: skip
         return WorkerSpec(
             model=spec.model, lora=spec.lora if spec.lora.enabled else None, engine=engine,
