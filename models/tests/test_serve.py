@@ -338,3 +338,21 @@ def test_prefix_cache_reads_a_shared_prompt_start_and_reports_it(checkpoint, dir
     assert total == outs[1].usage.prompt_tokens_details.cached_tokens
     rid = engine.submit(Request(prompts[1], max_tokens=6))
     assert outs[1].choices[0].text == tokenizer.decode(engine.run_until_done()[rid][0])
+
+
+def test_binary_passes_prefix_cache_to_the_engine(monkeypatch, capsys):
+    import serve
+
+    import meltemi.models.serve as ms
+
+    seen = []
+
+    def load_app(checkpoint, config, **kw):
+        seen.append(config)
+        raise mm.ConfigError("stop here")
+
+    monkeypatch.setattr(ms, "load_app", load_app)
+    for flags, want in (([], False), (["--prefix_cache"], True)):
+        assert serve.main(["--checkpoint=unused", *flags]) == 2
+        assert seen.pop().prefix_cache is want
+    assert capsys.readouterr().err == "error: stop here\n" * 2
