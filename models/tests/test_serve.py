@@ -356,3 +356,20 @@ def test_binary_passes_prefix_cache_to_the_engine(monkeypatch, capsys):
         assert serve.main(["--checkpoint=unused", *flags]) == 2
         assert seen.pop().prefix_cache is want
     assert capsys.readouterr().err == "error: stop here\n" * 2
+
+
+def test_a_batch_of_prompts_gets_each_prompts_own_answers(client):
+    """OpenAI's batched completions: a list of prompts (strings or token ids); the choices come
+    prompt by prompt, `n` each, and equal what each prompt gets alone."""
+    prompts = ["Athens is", [5, 6, 7, 8], "Hello"]
+    out = client.completions.create(
+        model=NAME, prompt=prompts, max_tokens=5, temperature=1.0, seed=4, n=2
+    )
+    assert [c.index for c in out.choices] == list(range(6))
+    alone = [
+        client.completions.create(model=NAME, prompt=p, max_tokens=5, temperature=1.0, seed=4, n=2)
+        for p in prompts
+    ]
+    assert [c.text for c in out.choices] == [c.text for a in alone for c in a.choices]
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        assert getattr(out.usage, key) == sum(getattr(a.usage, key) for a in alone)

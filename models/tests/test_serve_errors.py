@@ -70,6 +70,38 @@ def test_prompt_longer_than_the_context_is_a_400_naming_prompt(client):
     assert e.status_code == 400
 
 
+@pytest.mark.parametrize(
+    "prompt, match",
+    [
+        (["Hi", ""], r"prompt\[1\]: '' must be a non-empty string"),
+        (["Hi", [5, 9999]], r"prompt\[1\]: token id 9999 is outside the vocabulary"),
+        (["Hi"] * 65, r"a batch of 65 prompts; at most 64"),
+    ],
+)
+def test_a_bad_batch_of_prompts_is_a_400_naming_the_prompt(client, prompt, match):
+    _refused(client, openai.BadRequestError, "prompt", match, prompt=prompt)
+
+
+def test_a_streamed_batch_is_a_400_naming_stream(client):
+    _refused(client, openai.BadRequestError, "stream", "stream=true takes one prompt",
+             prompt=["Hi", "Ho"], stream=True)  # fmt: skip
+
+
+def test_a_batch_with_one_prompt_past_the_context_runs_none_of_it(client, server):
+    """The first prompt is queued before the second is refused: it is cancelled at once (59
+    tokens to go), not left running."""
+    url = server[0]
+    before = chat_testing.metrics(url)
+    _refused(client, openai.BadRequestError, "prompt", "64 tokens leave no room",
+             prompt=[[5, 6], [5] * 64], max_tokens=59)  # fmt: skip
+    after = chat_testing.metrics(url)
+    for key in ("meltemi_requests_total", "meltemi_requests_cancelled_total"):
+        assert after[key] - before[key] >= 1, key  # _refused's check adds two requests
+    assert (
+        after["meltemi_requests_cancelled_total"] == before["meltemi_requests_cancelled_total"] + 1
+    )
+
+
 def test_chat_longer_than_the_context_is_a_400_naming_messages(client):
     with pytest.raises(openai.BadRequestError, match="messages: .* leave no room") as info:
         client.chat.completions.create(

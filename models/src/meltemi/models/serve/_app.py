@@ -97,6 +97,15 @@ class _Generation:
         }
 
 
+def _batch_usage(gens: list[_Generation], prompts: list[list[int]]) -> dict:
+    """The usage of a batch of prompts: each count summed over them."""
+    parts = [g.usage(len(p)) for g, p in zip(gens, prompts, strict=True)]
+    total = {k: sum(u[k] for u in parts) for k in ("prompt_tokens", "completion_tokens")}
+    total["total_tokens"] = total["prompt_tokens"] + total["completion_tokens"]
+    cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in parts)
+    return {**total, "prompt_tokens_details": {"cached_tokens": cached}}
+
+
 def _first_stop(text: str, stops: tuple[str, ...], start: int) -> int | None:
     hits = [i for i in (text.find(s, start) for s in stops) if i >= 0]
     return min(hits) if hits else None
@@ -271,33 +280,59 @@ def create_app(
         params = P.parse_common(
             body, chat=False, max_seqs=engine.config.max_seqs, max_logprobs=max_logprobs
         )
-        prompt = P.parse_prompt(body, vocab_size)
-        if isinstance(prompt, str):
-            prompt = [int(i) for i in tokenizer.encode_with_offsets(prompt)[0]]
-            if not prompt:
-                raise P.bad("prompt", "encodes to no tokens")
-        gen = await run(params, prompt, completion_max_tokens, "prompt", request)
+        prompts = []
+        for i, prompt in enumerate(P.parse_prompts(body, vocab_size)):
+            if isinstance(prompt, str):
+                prompt = [int(t) for t in tokenizer.encode_with_offsets(prompt)[0]]
+                if not prompt:
+                    where = "prompt" if len(prompts) == i == 0 else f"prompt[{i}]"
+                    raise P.bad("prompt", f"{where} encodes to no tokens")
+            prompts.append(prompt)
+        if params.stream and len(prompts) > 1:
+            raise P.bad(
+                "stream",
+                f"stream=true takes one prompt, not a batch of {len(prompts)}. Fix: send the "
+                "batch unstreamed, or one streamed request per prompt",
+            )
+        gens: list[_Generation] = []
+        try:
+            for prompt in prompts:
+                gens.append(await run(params, prompt, completion_max_tokens, "prompt", request))
+        except BaseException:
+            for gen in gens:  # a batch runs whole or not at all
+                runner.cancel(gen.handle)
+            raise
         rid = f"cmpl-{uuid.uuid4().hex}"
         head = {"id": rid, "object": "text_completion", "created": int(time.time()),
                 "model": model_name}  # fmt: skip
         if params.stream:
             return EventSourceResponse(
                 _stream(
-                    gen, events(gen, request, False), head, len(prompt), chat=False, tok=tokenizer
+                    gens[0],
+                    events(gens[0], request, False),
+                    head,
+                    len(prompts[0]),
+                    chat=False,
+                    tok=tokenizer,
                 )
             )
-        async for _ in events(gen, request, True):
-            pass
+
+        async def drain(gen: _Generation) -> None:
+            async for _ in events(gen, request, True):
+                pass
+
+        await asyncio.gather(*(drain(g) for g in gens))
         choices = [
             {
-                "index": i,
+                "index": p * params.n + i,
                 "text": s.text,
                 "logprobs": _completion_logprobs(tokenizer, s.tokens, params.logprobs),
                 "finish_reason": s.finish,
             }
+            for p, gen in enumerate(gens)
             for i, s in enumerate(gen.samples)
         ]
-        return {**head, "choices": choices, "usage": gen.usage(len(prompt))}
+        return {**head, "choices": choices, "usage": _batch_usage(gens, prompts)}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: HttpRequest) -> Any:

@@ -214,24 +214,40 @@ def parse_common(body: Any, *, chat: bool, max_seqs: int, max_logprobs: int) -> 
     )
 
 
-def parse_prompt(body: Mapping, vocab_size: int) -> str | list[int]:
-    """The completions prompt: a string or a list of token ids (one prompt per request)."""
+MAX_BATCH_PROMPTS = 64
+"""Most prompts one `/v1/completions` request may carry (each is an engine request)."""
+
+
+def parse_prompts(body: Mapping, vocab_size: int) -> list[str | list[int]]:
+    """The completions prompts: a string, a list of token ids, or a batch (a list of strings
+    or of token id lists; OpenAI's choices come back prompt by prompt)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        if len(prompt) > MAX_BATCH_PROMPTS:
+            raise bad(
+                "prompt",
+                f"a batch of {len(prompt)} prompts; at most {MAX_BATCH_PROMPTS} per request. "
+                "Fix: split it over several requests",
+            )
+        return [_one_prompt(p, vocab_size, f"prompt[{i}]") for i, p in enumerate(prompt)]
+    return [_one_prompt(prompt, vocab_size, "prompt")]
+
+
+def _one_prompt(prompt: Any, vocab_size: int, where: str) -> str | list[int]:
     if isinstance(prompt, str) and prompt:
         return prompt
     if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
         bad_ids = [t for t in prompt if not 0 <= t < vocab_size]
         if bad_ids:
             raise bad(
-                "prompt", f"token id {bad_ids[0]} is outside the vocabulary [0, {vocab_size})"
+                "prompt",
+                f"{where}: token id {bad_ids[0]} is outside the vocabulary [0, {vocab_size})",
             )
         return list(prompt)
     raise bad(
         "prompt",
-        f"{_short(prompt)} must be one non-empty string or one list of token ids (one prompt "
-        "per request; send several requests for several prompts)",
+        f"{where}: {_short(prompt)} must be a non-empty string or a non-empty list of token "
+        "ids (or a list of those, a batch)",
     )
 
 
