@@ -16,28 +16,25 @@ import argparse
 import dataclasses
 import json
 import os
+import pathlib
 import sys
 import tempfile
 import time
 
 import generate_bench
 import numpy as np
+import serve_bench
 
 # (shared prompt tokens, own tokens, new tokens, requests, decoding slots, prefill chunk)
 WORKLOADS = {"large": (256, 16, 16, 16, 8, 64), "quick": (24, 5, 4, 6, 2, 8)}
 
 
 def _model(hf_config: dict):
-    import torch
-    import transformers
-
+    """`serve_bench`'s random checkpoint (seed 0), read with `hf.load`."""
     from meltemi.models import hf
 
-    transformers.logging.set_verbosity_error()
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(**hf_config, max_position_embeddings=1024)
     with tempfile.TemporaryDirectory() as tmp:
-        transformers.LlamaForCausalLM(config).save_pretrained(tmp)
+        serve_bench.write_checkpoint(hf_config, pathlib.Path(tmp), 1024)
         model, _ = hf.load(tmp)
     return model
 

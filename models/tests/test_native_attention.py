@@ -66,37 +66,24 @@ def test_kernel_equals_reference(b, t, h, g, d, size, options):
         (4, 2, 2, 8, 12, {}),  # a table width that is not a power of two
     ],
 )
-def test_pallas_gpu_kernel_equals_reference_on_decoding_rows(b, h, g, d, width, options):
-    """JAX's Pallas GPU paged attention (in Pallas' interpreter here) on decoding rows."""
-    args = _case(np.random.default_rng(b + width), b, 1, h, g, d, pages=30, size=4, width=width)
-    kw = {"window": None, "softcap": None, "scale": None} | options
-    want = reference_paged_attention(*args, **kw)
-    got = pallas_gpu_paged_attention(*args, **kw)
-    assert got.axes == want.axes
-    np.testing.assert_allclose(got.array, want.array, rtol=0, atol=1e-5)
-
-
 @pytest.mark.parametrize(
-    "b, h, g, d, width, options",
-    [
-        (3, 2, 3, 16, 4, {}),  # grouped queries
-        (2, 1, 1, 8, 8, {"softcap": 5.0, "scale": 0.3}),
-        (4, 2, 2, 8, 12, {}),  # a table width that is not a power of two
-    ],
+    "backend, pool_dtype",
+    [(pallas_gpu_paged_attention, jnp.float32), (pallas_tpu_paged_attention, jnp.bfloat16)],
+    ids=["gpu", "tpu"],
 )
-def test_pallas_tpu_kernel_equals_reference_on_decoding_rows_of_bf16_pools(
-    b, h, g, d, width, options
+def test_pallas_kernel_equals_reference_on_decoding_rows(
+    backend, pool_dtype, b, h, g, d, width, options
 ):
-    """JAX's Pallas TPU paged attention (in its TPU interpreter here): on bfloat16 pools the
-    bfloat16 rounding of what it loads is exact, and it computes in float32 as the reference
-    does from the same pools."""
+    """JAX's Pallas GPU and TPU paged attention (in Pallas' interpreters here) on decoding
+    rows. The TPU kernel on bfloat16 pools: its bfloat16 rounding of what it loads is then
+    exact, and it computes in float32 as the reference does from the same pools."""
     args = _case(
         np.random.default_rng(b + width), b, 1, h, g, d, pages=30, size=4, width=width,
-        pool_dtype=jnp.bfloat16,
+        pool_dtype=pool_dtype,
     )  # fmt: skip
     kw = {"window": None, "softcap": None, "scale": None} | options
     want = reference_paged_attention(*args, **kw)
-    got = pallas_tpu_paged_attention(*args, **kw)
+    got = backend(*args, **kw)
     assert got.axes == want.axes
     np.testing.assert_allclose(got.array, want.array, rtol=0, atol=1e-5)
 

@@ -30,7 +30,7 @@ scale) -> out` in `PAGED_BACKENDS`:
 
 from __future__ import annotations
 
-import functools
+import contextlib
 from collections.abc import Callable
 
 import jax
@@ -179,6 +179,39 @@ def native_paged_attention(
     return like_q(out, axes, q)
 
 
+def _on_decoding_rows(
+    kernel: Callable[[jax.Array, jax.Array, jax.Array], jax.Array],
+    q: hax.NamedArray,
+    k_pool: jax.Array,
+    v_pool: jax.Array,
+    page_table: jax.Array,
+    q_positions: jax.Array,
+    *,
+    window: int | None,
+    softcap: float | None,
+    scale: float | None,
+    usable: bool = True,
+) -> hax.NamedArray:
+    """A Pallas paged kernel on decoding rows (one query per row, no window; `usable`: the
+    pools suit it), the reference on everything else. `kernel(q, lengths, table)` takes the
+    scaled queries `[batch, q_heads, head]` (the kernels do not scale), each row's key count
+    `[batch]` (position + 1) and the page table, both int32."""
+    if not usable or q.resolve_axis(POSITION).size != 1 or window is not None:
+        return reference_paged_attention(
+            q, k_pool, v_pool, page_table, q_positions, window=window, softcap=softcap, scale=scale
+        )
+    qa, axes = in_q_order(q)  # [batch, 1, kv_heads, group, head]
+    head = qa.shape[-1]
+    if scale is None:
+        scale = head**-0.5
+    out = kernel(
+        (qa * jnp.asarray(scale, qa.dtype)).reshape(qa.shape[0], -1, head),
+        (q_positions[:, 0] + 1).astype(jnp.int32),
+        page_table.astype(jnp.int32),
+    )
+    return like_q(out.reshape(qa.shape), axes, q)
+
+
 def pallas_gpu_paged_attention(
     q: hax.NamedArray,
     k_pool: jax.Array,
@@ -197,29 +230,27 @@ def pallas_gpu_paged_attention(
     interpreter (for tests)."""
     from jax.experimental.pallas.ops.gpu import paged_attention as pallas_gpu
 
-    if q.resolve_axis(POSITION).size != 1 or window is not None:
-        return reference_paged_attention(
-            q, k_pool, v_pool, page_table, q_positions, window=window, softcap=softcap, scale=scale
-        )
-    qa, axes = in_q_order(q)  # [batch, 1, kv_heads, group, head]
-    batch, pages = page_table.shape
-    head = qa.shape[-1]
-    if scale is None:
-        scale = head**-0.5
+    pages = page_table.shape[1]
     splits = min(16, pages & -pages)  # a power of two dividing the table's width
     per_block = min(8, (pages // splits) & -(pages // splits))
-    out = pallas_gpu.paged_attention(
-        (qa * jnp.asarray(scale, qa.dtype)).reshape(batch, -1, head),
-        k_pool,
-        v_pool,
-        page_table.astype(jnp.int32),
-        (q_positions[:, 0] + 1).astype(jnp.int32),
-        k_splits=splits,
-        pages_per_compute_block=per_block,
-        interpret=jax.default_backend() != "gpu",
-        attn_logits_soft_cap=softcap,
-    )
-    return like_q(out.reshape(qa.shape), axes, q)
+
+    def kernel(queries, lengths, table):
+        return pallas_gpu.paged_attention(
+            queries,
+            k_pool,
+            v_pool,
+            table,
+            lengths,
+            k_splits=splits,
+            pages_per_compute_block=per_block,
+            interpret=jax.default_backend() != "gpu",
+            attn_logits_soft_cap=softcap,
+        )
+
+    return _on_decoding_rows(
+        kernel, q, k_pool, v_pool, page_table, q_positions, window=window, softcap=softcap,
+        scale=scale,
+    )  # fmt: skip
 
 
 def pallas_tpu_paged_attention(
@@ -242,32 +273,25 @@ def pallas_tpu_paged_attention(
     from jax.experimental.pallas import tpu as pltpu
     from jax.experimental.pallas.ops.tpu import paged_attention as pallas_tpu
 
-    bf16 = k_pool.dtype == v_pool.dtype == jnp.bfloat16
-    if q.resolve_axis(POSITION).size != 1 or window is not None or not bf16:
-        return reference_paged_attention(
-            q, k_pool, v_pool, page_table, q_positions, window=window, softcap=softcap, scale=scale
-        )
-    qa, axes = in_q_order(q)  # [batch, 1, kv_heads, group, head]
-    batch, pages = page_table.shape
-    head = qa.shape[-1]
-    if scale is None:
-        scale = head**-0.5
-    call = functools.partial(
-        pallas_tpu.paged_attention,
-        (qa * jnp.asarray(scale, qa.dtype)).reshape(batch, -1, head),
-        k_pool,
-        v_pool,
-        (q_positions[:, 0] + 1).astype(jnp.int32),
-        page_table.astype(jnp.int32),
-        pages_per_compute_block=min(8, pages & -pages),  # a power of two dividing the width
-        attn_logits_soft_cap=softcap,
-    )
-    if jax.default_backend() == "tpu":
-        out = call()
-    else:
-        with pltpu.force_tpu_interpret_mode():
-            out = call()
-    return like_q(out.reshape(qa.shape), axes, q)
+    pages = page_table.shape[1]
+
+    def kernel(queries, lengths, table):
+        interpret = jax.default_backend() != "tpu"
+        with pltpu.force_tpu_interpret_mode() if interpret else contextlib.nullcontext():
+            return pallas_tpu.paged_attention(
+                queries,
+                k_pool,
+                v_pool,
+                lengths,
+                table,
+                pages_per_compute_block=min(8, pages & -pages),  # a power of two dividing it
+                attn_logits_soft_cap=softcap,
+            )
+
+    return _on_decoding_rows(
+        kernel, q, k_pool, v_pool, page_table, q_positions, window=window, softcap=softcap,
+        scale=scale, usable=k_pool.dtype == v_pool.dtype == jnp.bfloat16,
+    )  # fmt: skip
 
 
 PagedAttention = Callable[..., hax.NamedArray]
